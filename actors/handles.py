@@ -11,7 +11,7 @@ import time
 from actors.learner import combine_step_metrics
 from pipeline.microbatch import split_rows
 from pipeline.types import TrainBatch
-from pipeline.weight_sync import pack
+from pipeline.weight_sync import WeightSyncError, pack
 
 
 # ----- rollout -----------------------------------------------------------------------------------
@@ -24,6 +24,18 @@ class RayRollout:
 
     async def set_weights(self, packet_or_ref) -> int:
         return await self.actor.set_weights.remote(packet_or_ref)
+
+    async def sleep(self) -> None:
+        await self.actor.sleep.remote()
+
+    async def wake_up(self) -> None:
+        await self.actor.wake_up.remote()
+
+    async def init_weight_group(self, *a, **kw) -> int:
+        return await self.actor.init_weight_group.remote(*a, **kw)
+
+    async def receive_weights(self, version: int) -> int:
+        return await self.actor.receive_weights.remote(version)
 
 
 class LocalRollout:
@@ -38,6 +50,19 @@ class LocalRollout:
     async def set_weights(self, packet) -> int:
         return self.worker.set_weights(packet)
 
+    async def sleep(self) -> None:
+        await asyncio.to_thread(self.worker.sleep)
+
+    async def wake_up(self) -> None:
+        await asyncio.to_thread(self.worker.wake_up)
+
+    # Blocking collectives: in threads, so the learner's side can run at the same time.
+    async def init_weight_group(self, *a, **kw) -> int:
+        return await asyncio.to_thread(self.worker.init_weight_group, *a, **kw)
+
+    async def receive_weights(self, version: int) -> int:
+        return await asyncio.to_thread(self.worker.receive_weights, version)
+
 
 # ----- learner -----------------------------------------------------------------------------------
 class LearnerGroup:
@@ -50,6 +75,8 @@ class LearnerGroup:
     def __init__(self, ranks: list, pad_id: int):
         self.ranks = ranks
         self.pad_id = pad_id
+        self.weight_group: dict | None = None  # set by init_weight_group: publish broadcasts
+        self._packet_nbytes: int | None = None
 
     async def train_step(self, minibatches: list[TrainBatch]) -> dict[str, float]:
         n = len(self.ranks)
@@ -57,7 +84,45 @@ class LearnerGroup:
         results = await asyncio.gather(*[rk.train_step.remote(sh) for rk, sh in zip(self.ranks, shards)])
         return combine_rank_metrics(results)
 
+    @staticmethod
+    def _consumers(workers: list, scorer) -> list:
+        """Who receives weights: every rollout worker, and the scorer if it is the self-teacher."""
+        return [*workers, *([scorer] if scorer is not None and scorer.wants_weights else [])]
+
+    async def init_weight_group(self, workers: list, scorer=None, *, backend: str = "auto",
+                                bucket_mb: int = 256, timeout_s: float | None = None) -> dict:
+        """Form the collective weight group (``cluster.weight_sync=collective``): learner rank 0
+        is group rank 0 and broadcasts; the consumers are ranks 1..N. From then on ``publish``
+        broadcasts instead of going through the object store.
+
+        Every member blocks in its init until all have joined, so all calls are launched at once
+        and awaited together, under a timeout: a member that never joins fails the setup instead
+        of hanging the run.
+        """
+        from pipeline.collective_sync import DEFAULT_TIMEOUT_S
+
+        timeout_s = timeout_s or DEFAULT_TIMEOUT_S
+        consumers = self._consumers(workers, scorer)
+        metas = await asyncio.gather(*[rk.sync_meta.remote() for rk in self.ranks])  # ZeRO-3: all
+        host, port, backend = await self.ranks[0].weight_group_endpoint.remote(backend)
+        world, bucket_bytes = 1 + len(consumers), int(bucket_mb) * 2**20
+        calls = [rk.init_weight_group.remote(host, port, world, backend, bucket_bytes=bucket_bytes,
+                                             timeout_s=timeout_s) for rk in self.ranks]
+        calls += [c.init_weight_group(host, port, i + 1, world, backend, metas[0], bucket_bytes, timeout_s)
+                  for i, c in enumerate(consumers)]
+        try:
+            # A little longer than the members' own timeout, so their error (if any) comes first.
+            await asyncio.wait_for(asyncio.gather(*calls), timeout_s + 30)
+        except asyncio.TimeoutError:
+            raise WeightSyncError(f"the weight group at {host}:{port} ({backend}, {world} members) "
+                                  f"did not form within {timeout_s + 30:g} s") from None
+        self.weight_group = {"host": host, "port": port, "backend": backend, "world_size": world,
+                             "bucket_bytes": bucket_bytes, "n_tensors": len(metas[0])}
+        return self.weight_group
+
     async def publish(self, version: int, workers: list, scorer=None) -> dict[str, float]:
+        if self.weight_group is not None:
+            return await self._publish_collective(version, workers, scorer)
         t0 = time.time()
         # Every rank takes part (ZeRO-3 gathers collectively); rank 0's packet is put once in the
         # object store and read by every consumer.
@@ -65,11 +130,30 @@ class LearnerGroup:
         ref = refs[0]
         if isinstance(ref, asyncio.Future):  # in-process learner: hand over the packet itself
             ref = await ref
-        consumers = [w.set_weights(ref) for w in workers]
-        if scorer is not None and scorer.wants_weights:
-            consumers.append(scorer.set_weights(ref))
+            self._packet_nbytes = ref.nbytes
+        consumers = [c.set_weights(ref) for c in self._consumers(workers, scorer)]
         await asyncio.gather(*consumers, *refs[1:])
-        return {"sync/seconds": time.time() - t0, "sync/version": version}
+        out = {"sync/seconds": time.time() - t0, "sync/version": version}
+        if self._packet_nbytes is None:  # the size never changes: ask rank 0 once
+            self._packet_nbytes = await self.ranks[0].packet_nbytes.remote()
+        out["sync/bytes"] = float(self._packet_nbytes)
+        return out
+
+    async def _publish_collective(self, version: int, workers: list, scorer) -> dict[str, float]:
+        t0 = time.time()
+        consumers = self._consumers(workers, scorer)
+        if len(consumers) + 1 != self.weight_group["world_size"]:
+            raise WeightSyncError(f"weights v{version}: {len(consumers)} consumers, but the weight "
+                                  f"group was formed with {self.weight_group['world_size'] - 1}")
+        # All ranks (ZeRO-3 gathers collectively) and all receivers at once: a broadcast completes
+        # only when every member is in it. A receiver raises WeightSyncError on a bad sync.
+        sends = [rk.broadcast_weights.remote(version) for rk in self.ranks]
+        recvs = [c.receive_weights(version) for c in consumers]
+        results = await asyncio.gather(*sends, *recvs)
+        stats = results[0]
+        return {"sync/seconds": time.time() - t0, "sync/version": version,
+                "sync/gbps": stats["gbps"], "sync/bytes": stats["bytes"],
+                "sync/buckets": stats["buckets"]}
 
     async def save(self, ckpt_dir: str) -> None:
         await asyncio.gather(*[rk.save_checkpoint.remote(ckpt_dir) for rk in self.ranks])
@@ -111,3 +195,14 @@ class LocalLearner:
         self.save_checkpoint = _Call(worker.save_checkpoint)
         self.load_checkpoint = _Call(worker.load_checkpoint)
         self.weight_packet = _Call(lambda version: pack(worker.state_dict_for_sync(), version))
+        self.sync_meta = _Call(worker.sync_meta)
+        self.init_weight_group = _Call(worker.init_weight_group)
+        self.broadcast_weights = _Call(worker.broadcast_weights)
+        self.weight_group_endpoint = _Call(_local_endpoint)
+
+
+def _local_endpoint(backend: str) -> tuple[str, int, str]:
+    from pipeline.collective_sync import resolve_backend
+    from pipeline.run import free_port
+
+    return "127.0.0.1", free_port(), resolve_backend(backend)

@@ -31,7 +31,7 @@ from pipeline.logprobs import forward_response
 from pipeline.losses import (AUX_LOSSES, AUX_NEEDS_LOGITS, MAX_METRICS, MIN_METRICS, Metrics,
                              entropy_bonus, kl_to_reference, policy_loss,
                              reduce_micro_batch_metrics)
-from pipeline.microbatch import split_by_tokens
+from pipeline.microbatch import split_by_tokens, to_device
 from pipeline.types import TrainBatch
 
 
@@ -48,6 +48,11 @@ def ds_config(cfg: LearnerConfig) -> dict:
     }
     if cfg.precision == "bf16":
         conf["bf16"] = {"enabled": True}
+    # ZeRO-Offload: optimizer state (ZeRO >= 1) and parameters (ZeRO-3) in pinned CPU memory.
+    if cfg.offload_optimizer:
+        conf["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if cfg.offload_params:
+        conf["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
     return conf
 
 
@@ -108,19 +113,32 @@ class LearnerWorker:
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = False
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr,
-                                      betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay)
+        if self.cfg.offload_optimizer:
+            # DeepSpeed refuses a client torch optimizer with ZeRO-Offload (the CPU step would be
+            # slow); its CPU Adam (JIT-built once, about 30 s) runs the same AdamW update.
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            optimizer = DeepSpeedCPUAdam(model.parameters(), lr=self.cfg.lr, betas=tuple(self.cfg.betas),
+                                         weight_decay=self.cfg.weight_decay, adamw_mode=True)
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr,
+                                          betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.cfg, self.total_steps))
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                     lr_scheduler=scheduler, config=ds_config(self.cfg))
         if self.cfg.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-            self.ref_model.eval().requires_grad_(False)
+            self.ref_model.eval().requires_grad_(False).to(self.device)  # beside the policy
         return {"learner/setup_seconds": time.time() - t0}
 
     @property
     def module(self) -> torch.nn.Module:
         return self.engine.module
+
+    @property
+    def device(self) -> torch.device:
+        """Where the engine's weights live (cuda:0 of the GPUs Ray made visible, or cpu)."""
+        return torch.device(self.engine.device)
 
     # ----- the step ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -139,6 +157,8 @@ class LearnerWorker:
         """One optimizer step per mini-batch; returns metrics (means over the step's tokens)."""
         t0 = time.time()
         self.module.train()
+        # Rollout workers send CPU tensors; the forward runs where the weights are.
+        minibatches = [to_device(mb, self.device) for mb in minibatches]
         # Only the decoupled correction anchors on proximal log-probs; tis / none use lp_old.
         later = minibatches[1:] if self.cfg.correction == "decoupled" else []
         prox = [None] + [self.logprobs(mb) for mb in later] + [None] * (len(minibatches) - 1 - len(later))
@@ -238,13 +258,58 @@ class LearnerWorker:
         return x
 
     # ----- weights out ---------------------------------------------------------------------------
-    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """Full fp32 weights on CPU (consolidated under ZeRO-3), rank 0 only."""
+    def state_dict_for_sync(self, device: str | torch.device = "cpu", copy: bool = True) -> dict[str, torch.Tensor]:
+        """Full fp32 weights on ``device`` (consolidated under ZeRO-3), rank 0 only. Under ZeRO-3
+        every rank must call it (the gather is collective). ``copy=False`` may return the live
+        parameters themselves (fine for a read-only use such as a broadcast)."""
         if self.cfg.zero_stage == 3:
             sd = self.engine._zero3_consolidated_16bit_state_dict()
         else:
             sd = self.module.state_dict()
-        return {k: v.detach().to("cpu", copy=True) for k, v in (sd or {}).items()}
+        return {k: v.detach().to(device, copy=copy) for k, v in (sd or {}).items()}
+
+    # Collective route (pipeline/collective_sync.py): rank 0 is rank 0 of a weight group of its
+    # own; the consumers (rollout workers, a self-teacher scorer) are ranks 1..N.
+    def sync_meta(self):
+        """Ordered (name, dtype, shape) of the weights ``broadcast_weights`` sends (rank 0; other
+        ranks return None). Every rank must call it under ZeRO-3."""
+        from pipeline.collective_sync import meta_of
+
+        if self.rank != 0 and self.cfg.zero_stage != 3:
+            return None
+        sd = self.state_dict_for_sync(copy=False)
+        if self.rank != 0:
+            return None
+        self._sync_meta = meta_of(sd)  # broadcast_weights refuses a state dict that differs
+        return self._sync_meta
+
+    def init_weight_group(self, host: str, port: int, world_size: int, backend: str, *,
+                          bucket_bytes: int, timeout_s: float | None = None) -> str | None:
+        """Rank 0 joins (and hosts) the weight group as its rank 0; other ranks do nothing.
+        Blocks until every member has joined. Returns the backend in use (rank 0)."""
+        from pipeline.collective_sync import DEFAULT_TIMEOUT_S, init_group
+
+        if self.rank != 0:
+            return None
+        self._weight_group = init_group(host, port, 0, world_size, backend,
+                                        timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+        self._sync_bucket_bytes = bucket_bytes
+        return self._weight_group.backend
+
+    def broadcast_weights(self, version: int) -> dict[str, float] | None:
+        """Every rank calls it (ZeRO-3 gathers collectively); rank 0 broadcasts and returns the
+        stats (seconds, bytes, buckets, gbps). With NCCL the weights go out from the current
+        CUDA device, with gloo from CPU memory."""
+        from pipeline.collective_sync import broadcast_state_dict
+
+        if self.rank != 0:
+            if self.cfg.zero_stage == 3:
+                self.state_dict_for_sync(copy=False)  # take part in the gather
+            return None
+        group = self._weight_group
+        sd = self.state_dict_for_sync(device=group.device, copy=False)  # read only: no copy
+        return broadcast_state_dict(group, sd, version, self._sync_bucket_bytes,
+                                    meta=getattr(self, "_sync_meta", None))
 
     # ----- checkpoint ----------------------------------------------------------------------------
     def save_checkpoint(self, ckpt_dir: str, *, hf: bool = True) -> None:
@@ -252,10 +317,11 @@ class LearnerWorker:
         path = Path(ckpt_dir)
         self.engine.save_checkpoint(str(path / "deepspeed"), tag="state",
                                     client_state={"version": self.version})
-        if hf and self.rank == 0:
-            sd = self.state_dict_for_sync()
-            self.module.save_pretrained(str(path / "hf"), state_dict=sd, safe_serialization=True)
-            _copy_tokenizer(self.model_path, path / "hf")
+        if hf and (self.rank == 0 or self.cfg.zero_stage == 3):
+            sd = self.state_dict_for_sync()  # ZeRO-3: every rank must take part in the gather
+            if self.rank == 0:
+                self.module.save_pretrained(str(path / "hf"), state_dict=sd, safe_serialization=True)
+                _copy_tokenizer(self.model_path, path / "hf")
 
     def load_checkpoint(self, ckpt_dir: str) -> int:
         _, client = self.engine.load_checkpoint(str(Path(ckpt_dir) / "deepspeed"), tag="state")
@@ -278,23 +344,54 @@ def init_process_group_env(rank: int, world_size: int, master_addr: str, master_
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
                        "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": master_addr,
                        "MASTER_PORT": str(master_port)})
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    cuda = torch.cuda.is_available()
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
+    if cuda:
+        # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU(s): its device is always local 0.
+        torch.cuda.set_device(0)
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl",
-                               auto_mpi_discovery=False)
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
 
 
 class LearnerActor:
-    """Ray shell of one learner rank: process-group setup, then the plain worker."""
+    """Ray shell of one learner rank: process-group setup, then the plain worker.
+
+    With ``master_addr`` the rank sets itself up at once. Without it the setup waits for
+    ``setup(master_addr, master_port)``: the driver first asks rank 0 for ``node_address()``, so the
+    ranks meet at rank 0's node wherever Ray placed it (several nodes need a real IP, not loopback).
+    """
 
     def __init__(self, cfg: LearnerConfig, model_path: str, *, temperature: float, total_steps: int,
-                 rank: int, world_size: int, seed: int, master_addr: str, master_port: int):
-        init_process_group_env(rank, world_size, master_addr, master_port)
+                 rank: int, world_size: int, seed: int, master_addr: str | None = None,
+                 master_port: int | None = None):
+        self._args = dict(cfg=cfg, model_path=model_path, temperature=temperature,
+                          total_steps=total_steps, rank=rank, world_size=world_size, seed=seed)
+        self.worker: LearnerWorker | None = None
+        if master_addr is not None:
+            self.setup(master_addr, master_port)
+
+    def node_address(self) -> tuple[str, int]:
+        """This node's IP and a port free on it: the process group's rendezvous when rank 0."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, master_addr: str, master_port: int) -> int:
+        """Join the process group (blocks until every rank has joined), build the engine."""
+        a = self._args
+        init_process_group_env(a["rank"], a["world_size"], master_addr, master_port)
         torch.set_num_threads(max(1, int(os.environ.get("PRIVY_LEARNER_THREADS", torch.get_num_threads()))))
-        self.worker = LearnerWorker(cfg, model_path, temperature=temperature,
-                                    total_steps=total_steps, rank=rank, world_size=world_size, seed=seed)
+        self.worker = LearnerWorker(a["cfg"], a["model_path"], temperature=a["temperature"],
+                                    total_steps=a["total_steps"], rank=a["rank"],
+                                    world_size=a["world_size"], seed=a["seed"])
         self.worker.setup()
+        return self.worker.version
 
     def train_step(self, minibatches: list[TrainBatch]) -> dict[str, float]:
         return self.worker.train_step(minibatches)
@@ -303,7 +400,34 @@ class LearnerActor:
         from pipeline.weight_sync import pack
 
         sd = self.worker.state_dict_for_sync()
-        return pack(sd, version) if self.worker.rank == 0 else None
+        if self.worker.rank != 0:
+            return None
+        packet = pack(sd, version)
+        self._packet_nbytes = packet.nbytes
+        return packet
+
+    def packet_nbytes(self) -> int:
+        """Bytes of the last ``weight_packet`` (for the sync/bytes metric; 0 before the first)."""
+        return getattr(self, "_packet_nbytes", 0)
+
+    # ----- collective weight sync (pipeline/collective_sync.py) ----------------------------------
+    def weight_group_endpoint(self, backend: str) -> tuple[str, int, str]:
+        """Where the weight group meets: this node's IP (so consumers on other nodes can reach
+        it), a free port on it, and the backend resolved here (``auto`` -> nccl if this learner
+        sees CUDA, else gloo)."""
+        from pipeline.collective_sync import resolve_backend
+
+        host, port = self.node_address()
+        return host, port, resolve_backend(backend)
+
+    def sync_meta(self):
+        return self.worker.sync_meta()
+
+    def init_weight_group(self, host: str, port: int, world_size: int, backend: str, **kw):
+        return self.worker.init_weight_group(host, port, world_size, backend, **kw)
+
+    def broadcast_weights(self, version: int):
+        return self.worker.broadcast_weights(version)
 
     def save_checkpoint(self, ckpt_dir: str) -> None:
         self.worker.save_checkpoint(ckpt_dir)

@@ -69,6 +69,46 @@ class RolloutWorker:
         self.engine.load_state_dict(*pending)
         return True
 
+    # Collective route (pipeline/collective_sync.py). Neither call takes ``_play_lock``: they run
+    # in the actor's second thread while a group may be playing in the first, like set_weights.
+    def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
+                          meta, bucket_bytes: int, timeout_s: float | None = None) -> int:
+        """Join the learner's weight group as ``rank``; ``meta`` = the learner's ``sync_meta()``."""
+        from pipeline.collective_sync import DEFAULT_TIMEOUT_S, init_group
+
+        self._weight_group = init_group(host, port, rank, world_size, backend,
+                                        timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+        self._sync_meta, self._sync_bucket_bytes = meta, bucket_bytes
+        return rank
+
+    def receive_weights(self, version: int) -> int:
+        """Receive one broadcast into a fresh dict, check it, queue it as ``set_weights`` does.
+        Raises WeightSyncError (and queues nothing) if the sync was partial or corrupt."""
+        from pipeline.collective_sync import receive_state_dict
+
+        sd = receive_state_dict(self._weight_group, self._sync_meta, version, self._sync_bucket_bytes)
+        with self._lock:
+            self._pending = (sd, version)
+        return version
+
+    def weights_checksums(self) -> tuple[int, dict[str, float]]:
+        """(version, float64 sum of every engine tensor) after applying queued weights: what the
+        next turn samples with (tests and debugging; needs an engine exposing ``.model``)."""
+        with self._play_lock:
+            self.apply_pending_weights()
+            sd = self.engine.model.state_dict()
+            return self.engine.version, {k: float(v.double().sum()) for k, v in sd.items()}
+
+    # ----- colocation -----------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Free the engine's GPU memory while a colocated learner trains (no-op for HF / CPU)."""
+        with self._play_lock:  # never under a group being played
+            getattr(self.engine, "sleep", lambda: None)()
+
+    def wake_up(self) -> None:
+        with self._play_lock:
+            getattr(self.engine, "wake_up", lambda: None)()
+
     # ----- prompts -------------------------------------------------------------------------------
     def encode(self, messages: list[Message]) -> list[int]:
         out = self.tokenizer.apply_chat_template([m.as_dict() for m in messages],

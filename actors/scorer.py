@@ -28,10 +28,12 @@ from pipeline.weight_sync import WeightPacket, verify
 
 class TeacherScorerWorker:
     def __init__(self, model_path: str, *, temperature: float, micro_batch_tokens: int,
-                 dtype: str = "fp32"):
+                 dtype: str = "fp32", device: str = "cpu"):
         from pipeline.models import as_torch_dtype, load_model
 
-        self.model = load_model(model_path, as_torch_dtype(dtype))
+        # "cuda": local device 0 of the GPU Ray gave this actor (cluster.scorer_num_gpus > 0).
+        self.device = torch.device(device)
+        self.model = load_model(model_path, as_torch_dtype(dtype), self.device)
         self.model.requires_grad_(False)
         self.temperature = temperature
         self.micro_batch_tokens = micro_batch_tokens
@@ -43,6 +45,25 @@ class TeacherScorerWorker:
         self.version = packet.version
         return self.version
 
+    # Collective route (pipeline/collective_sync.py): same contract as set_weights.
+    def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
+                          meta, bucket_bytes: int, timeout_s: float | None = None) -> int:
+        from pipeline.collective_sync import DEFAULT_TIMEOUT_S, init_group
+
+        self._weight_group = init_group(host, port, rank, world_size, backend,
+                                        timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+        self._sync_meta, self._sync_bucket_bytes = meta, bucket_bytes
+        return rank
+
+    def receive_weights(self, version: int) -> int:
+        """Receive, check (raises WeightSyncError, loading nothing), then load."""
+        from pipeline.collective_sync import receive_state_dict
+
+        sd = receive_state_dict(self._weight_group, self._sync_meta, version, self._sync_bucket_bytes)
+        self.model.load_state_dict(sd, strict=True)
+        self.version = version
+        return self.version
+
     @torch.no_grad()
     def score(self, items: list[tuple[list[int], list[int]]]) -> tuple[list[list[float]], int]:
         """``items`` = (privileged prompt ids, response ids); returns per-token log-probs and the
@@ -52,8 +73,9 @@ class TeacherScorerWorker:
         batch = _batch(items)
         out: list[list[float]] = []
         for mb in split_by_tokens(batch, self.micro_batch_tokens):
-            lp = forward_response(self.model, mb.input_ids, mb.attention_mask, mb.response_mask,
-                                  temperature=self.temperature, with_entropy=False).logprobs
+            lp = forward_response(self.model, mb.input_ids.to(self.device), mb.attention_mask.to(self.device),
+                                  mb.response_mask.to(self.device), temperature=self.temperature,
+                                  with_entropy=False).logprobs.cpu()
             for i in range(mb.n_rows):
                 out.append(lp[i][mb.response_mask[i].bool()].tolist())
         return out, self.version
@@ -89,6 +111,12 @@ class TeacherScorer:
 
     async def set_weights(self, packet_or_ref) -> int:
         return await self.actor.set_weights.remote(packet_or_ref)
+
+    async def init_weight_group(self, *a, **kw) -> int:
+        return await self.actor.init_weight_group.remote(*a, **kw)
+
+    async def receive_weights(self, version: int) -> int:
+        return await self.actor.receive_weights.remote(version)
 
     def _items(self, groups: list[EpisodeGroup]):
         rows, items = [], []

@@ -40,6 +40,19 @@ class EnvConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """Options of ``rollout.engine=vllm`` (actors/engines/vllm.py); ignored by the HF engine."""
+
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5  # fraction of each GPU for weights + KV cache
+    max_model_len: int | None = None  # None = rollout.max_prompt_tokens + rollout.max_new_tokens
+    enforce_eager: bool = True  # no CUDA graphs: faster start, slower decode
+    enable_sleep_mode: bool = False  # free the KV cache while the colocated learner trains (CUDA)
+    in_process: bool = True  # engine core in the actor's process (TP=1); False = vLLM's own processes
+    kv_cache_gb: float = 2.0  # CPU backend only: VLLM_CPU_KVCACHE_SPACE
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "hf"  # hf | vllm
     num_workers: int = 1  # rollout actors, >= 1
@@ -51,6 +64,8 @@ class RolloutConfig:
     dtype: str = "bf16"  # engine weights: fp32 | bf16
     val_temperatures: list[float] = field(default_factory=lambda: [0.4, 0.0])
     num_cpus: float = 1.0  # Ray CPUs per rollout actor
+    num_gpus: float = 0.0  # Ray GPUs per rollout actor (vLLM: tensor_parallel_size; < 1 when colocated)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 @dataclass
@@ -74,7 +89,10 @@ class LearnerConfig:
     correction: str = "decoupled"  # off-policy correction: decoupled | tis | none
     behaviour_cap: float = 2.0  # truncation of the behaviour importance weight
     gradient_checkpointing: bool = False
+    offload_optimizer: bool = False  # ZeRO-2/3: optimizer state in CPU memory
+    offload_params: bool = False  # ZeRO-3: parameters in CPU memory
     num_cpus: float = 1.0  # Ray CPUs per learner actor
+    num_gpus: float = 0.0  # Ray GPUs per learner actor (1 on a GPU cluster; < 1 when colocated)
 
 
 @dataclass
@@ -97,6 +115,17 @@ class ClusterConfig:
     num_cpus: int | None = None  # for a local Ray; None = all
     dashboard: bool = False
     threads_per_actor: int | None = None  # torch threads per actor; None = all cores at lag 0, else shared
+    # Placement (pipeline/placement.py): none = let Ray place each actor; pack | spread = one
+    # placement group with a bundle per actor; colocate = learners and rollout engines share bundles.
+    placement: str = "none"  # none | pack | spread
+    colocate: bool = False
+    scorer_num_gpus: float = 0.0  # Ray GPUs of the teacher scorer actor
+    placement_timeout_s: float = 300.0  # wait this long for the placement group, then fail
+    # Weight sync (pipeline/weight_sync.py): object_store = packets through Ray's object store (CPU
+    # default); collective = bucketed broadcast from learner rank 0 over a torch.distributed group.
+    weight_sync: str = "object_store"  # object_store | collective
+    sync_backend: str = "auto"  # auto (nccl with CUDA, else gloo) | gloo | nccl
+    sync_bucket_mb: int = 256  # bytes per broadcast bucket, in MiB
 
 
 @dataclass
@@ -171,6 +200,36 @@ def validate(cfg: PrivyConfig) -> None:
              "trainer.max_policy_lag > 0 needs learner.correction=decoupled or tis")
     _require(t.val_every >= 0 and t.ckpt_every >= 0, "trainer.val_every/ckpt_every must be >= 0")
     _require(t.val_tasks >= 1 or t.val_every == 0, "trainer.val_tasks must be >= 1 when validating")
+    v = r.vllm
+    _require(v.tensor_parallel_size >= 1, "rollout.vllm.tensor_parallel_size must be >= 1")
+    _require(0 < v.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization must be in (0, 1]")
+    _require(v.max_model_len is None or v.max_model_len >= r.max_prompt_tokens + r.max_new_tokens,
+             f"rollout.vllm.max_model_len={v.max_model_len} < rollout.max_prompt_tokens + "
+             f"rollout.max_new_tokens={r.max_prompt_tokens + r.max_new_tokens}: raise it or set null")
+    _require(v.tensor_parallel_size == 1 or not v.in_process,
+             "rollout.vllm.tensor_parallel_size > 1 needs rollout.vllm.in_process=false")
+    _require(v.kv_cache_gb > 0, "rollout.vllm.kv_cache_gb must be > 0")
+    _require(not v.enable_sleep_mode or t.max_policy_lag == 0,
+             "rollout.vllm.enable_sleep_mode=true needs trainer.max_policy_lag=0 (engines sleep while "
+             "the learner trains; at lag > 0 they are sampling then)")
+    _require(r.num_gpus >= 0 and lr.num_gpus >= 0 and cfg.cluster.scorer_num_gpus >= 0,
+             "num_gpus values must be >= 0")
+    _require(lr.offload_params is False or lr.zero_stage == 3,
+             "learner.offload_params needs learner.zero_stage=3")
+    _require(lr.offload_optimizer is False or lr.zero_stage in (1, 2, 3),
+             "learner.offload_optimizer needs learner.zero_stage >= 1")
+    c = cfg.cluster
+    _require(c.placement in ("none", "pack", "spread"), f"cluster.placement={c.placement!r}: none | pack | spread")
+    _require(not c.colocate or c.placement != "none", "cluster.colocate=true needs cluster.placement=pack or spread")
+    _require(c.placement_timeout_s > 0, "cluster.placement_timeout_s must be > 0")
+    _require(c.weight_sync in ("object_store", "collective"),
+             f"cluster.weight_sync={c.weight_sync!r}: object_store | collective")
+    _require(c.sync_backend in ("auto", "gloo", "nccl"), f"cluster.sync_backend={c.sync_backend!r}: auto | gloo | nccl")
+    _require(c.sync_bucket_mb >= 1, "cluster.sync_bucket_mb must be >= 1")
+    _require(not (c.colocate and c.weight_sync == "collective" and c.sync_backend != "gloo"),
+             "cluster.colocate=true puts learner rank 0 and rollout engine 0 on one GPU, and NCCL "
+             "refuses two ranks of a group on one device: use cluster.weight_sync=object_store or "
+             "cluster.sync_backend=gloo")
     _require(cfg.env.history_length >= 0, "env.history_length must be >= 0")
     _require(cfg.logger.wandb_mode in ("offline", "online", "disabled"),
              "logger.wandb_mode: offline | online | disabled")
@@ -199,6 +258,6 @@ def to_config(dict_cfg: Any) -> PrivyConfig:
 
 __all__ = [
     "ClusterConfig", "ConfigError", "EnvConfig", "LearnerConfig", "LoggerConfig", "ModelConfig",
-    "PrivyConfig", "RolloutConfig", "TrainerConfig", "MISSING", "register_schema", "to_config",
+    "PrivyConfig", "RolloutConfig", "TrainerConfig", "VLLMConfig", "MISSING", "register_schema", "to_config",
     "validate",
 ]

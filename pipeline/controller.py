@@ -24,6 +24,7 @@ from pipeline.buffer import GroupBuffer
 from pipeline.config import PrivyConfig
 from pipeline.microbatch import slice_rows
 from pipeline.types import EpisodeGroup
+from pipeline.weight_sync import WeightSyncError
 
 
 def task_seed(base_seed: int, index: int) -> int:
@@ -62,6 +63,10 @@ class Controller:
         self.state.in_flight = []
         self._stop = asyncio.Event()
         self.history: list[dict[str, float]] = []
+        # Colocated vLLM engines free their GPU memory while the learner trains (lag 0 only:
+        # then no group is in flight during the train step).
+        self._sleep_engines = (cfg.cluster.colocate and cfg.rollout.engine == "vllm"
+                               and cfg.rollout.vllm.enable_sleep_mode)
 
     def request_stop(self) -> None:
         """Finish the current step, checkpoint, exit (Ctrl-C)."""
@@ -150,10 +155,21 @@ class Controller:
         minibatches = [slice_rows(batch, a, b)
                        for a, b in minibatch_bounds(groups, cfg.learner.mini_batches)]
         t3 = time.time()
+        if self._sleep_engines:
+            await asyncio.gather(*[w.sleep() for w in self.workers])
         metrics.update(await self.learner.train_step(minibatches))
+        if self._sleep_engines:
+            await asyncio.gather(*[w.wake_up() for w in self.workers])
         t4 = time.time()
         version = step + 1
-        sync_m = await self.learner.publish(version, self.workers, self.scorer)
+        try:
+            sync_m = await self.learner.publish(version, self.workers, self.scorer)
+        except WeightSyncError as e:
+            # Never go on: the workers would keep sampling with stale (or no) weights. This ends
+            # run(): the rollout loops are cancelled and run_training frees the actors.
+            cause = getattr(e, "cause", None) or e  # a Ray task error wraps the receiver's own
+            raise WeightSyncError(f"stopping the run: syncing the weights of step {version} failed "
+                                  f"({cause}); resume from the last checkpoint") from e
         t5 = time.time()
         st.step = version
         metrics.update(credit.metrics)

@@ -152,14 +152,15 @@ def evaluate_with_worker(worker, criteria: Sequence[str], n_tasks: int, *, split
 def run(*, env: str, candidates: dict[str, list[str]], n_tasks: int, model: str, out_dir: str | Path,
         env_options: dict | None = None, split: str = "train", temperature: float = 0.0, max_new_tokens: int = 48,
         history_length: int = 2, sample_seed: int = 0, min_gain: float = 0.0, dtype: str = "fp32",
-        engine=None) -> list[Outcome]:
+        max_prompt_tokens: int = 1536, engine=None) -> list[Outcome]:
     """Build the HF engine + rollout worker, run the selection, write the outputs."""
     from actors.rollout import RolloutWorker
     from pipeline.config import EnvConfig, RolloutConfig
     from pipeline.models import resolve_model
 
     path = str(resolve_model(model))
-    rcfg = RolloutConfig(engine="hf", group_size=1, max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype)
+    rcfg = RolloutConfig(engine="hf", group_size=1, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
+                         temperature=temperature, dtype=dtype)
     ecfg = EnvConfig(name=env, history_length=history_length, options=dict(env_options or {}))
     if engine is None:
         from actors.engines.hf import HFEngine

@@ -19,7 +19,7 @@ _TEACHER = ("teacher_input_ids", "teacher_attention_mask", "teacher_response_mas
 
 def row_lengths(attention_mask: torch.Tensor) -> list[int]:
     """Last attended position + 1 of each row (right padding)."""
-    pos = torch.arange(attention_mask.shape[1]).expand_as(attention_mask)
+    pos = torch.arange(attention_mask.shape[1], device=attention_mask.device).expand_as(attention_mask)
     return ((pos + 1) * attention_mask.bool()).amax(dim=1).tolist()
 
 
@@ -57,6 +57,20 @@ def split_rows(batch: TrainBatch, n_parts: int) -> list[TrainBatch]:
     bounds = [round(i * b / n_parts) for i in range(n_parts + 1)]
     return [slice_rows(batch, bounds[i], bounds[i + 1]) for i in range(n_parts)
             if bounds[i + 1] > bounds[i]]
+
+
+def to_device(batch: TrainBatch, device: "str | torch.device") -> TrainBatch:
+    """The batch with every tensor on ``device`` (the same object when they are there already)."""
+    device = torch.device(device)
+    here = batch.input_ids.device
+    if here.type == device.type and (device.index is None or here.index == device.index
+                                     or device.type == "cpu"):
+        return batch
+    kw = {name: getattr(batch, name).to(device, non_blocking=True) for name in _ALIGNED}
+    kw["aux"] = {k: v.to(device, non_blocking=True) for k, v in batch.aux.items()}
+    if batch.teacher_input_ids is not None:
+        kw.update({name: getattr(batch, name).to(device, non_blocking=True) for name in _TEACHER})
+    return replace(batch, **kw)
 
 
 assert {f.name for f in fields(TrainBatch)} >= set(_ALIGNED) | set(_TEACHER)

@@ -10,8 +10,8 @@ into the cache. That takes about 20 s once; afterwards every call returns at onc
 Cache layout (root = ``cache_dir`` argument, else ``$PRIVY_CACHE``, else ``~/.cache/privy-rl``)::
 
     <root>/models/smollm2-135m-instruct/     converted SmolLM2 (fp32 safetensors, 538 MB)
-    <root>/models/tiny-llama-smollm2-s0/     ``tiny``: random Llama with the SmolLM2 tokenizer
-    <root>/models/tiny-llama-bytes-s0/       ``tiny_bytes``: random Llama with a 259-token byte tokenizer
+    <root>/models/tiny-llama-smollm2-h32-s0/ ``tiny``: random Llama with the SmolLM2 tokenizer
+    <root>/models/tiny-llama-bytes-h32-s0/   ``tiny_bytes``: random Llama with a 259-token byte tokenizer
 
 Every directory is built in a temporary sibling and renamed into place, so a directory that exists
 is complete; a lock file serialises concurrent builders (Ray actors, pytest workers).
@@ -280,9 +280,10 @@ def _tiny_config(vocab_size: int, tok: "PreTrainedTokenizerBase") -> Any:
         hidden_size=64,
         intermediate_size=256,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        # head_dim 32: the smallest the CPU attention kernels of vLLM accept (16 is refused).
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
         max_position_embeddings=2048,
         rope_theta=100_000.0,
         rms_norm_eps=1e-5,
@@ -301,7 +302,7 @@ def build_tiny_model(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """Build (once) a random 2-layer Llama (hidden 64, 4 heads / 2 KV heads, tied embeddings).
+    """Build (once) a random 2-layer Llama (hidden 64, 2 heads of 32 / 1 KV head, tied embeddings).
 
     ``vocab="smollm2"``: SmolLM2's tokenizer and chat template (49,152 ids, 3.3 M parameters);
     needs ``ensure_smollm2(cache_dir)`` and runs it. ``vocab="bytes"``: a 259-token byte tokenizer
@@ -361,7 +362,7 @@ def _check_tiny_build(target: Path, seed: int, vocab: str) -> Path:
 
 def tiny_model_dir(vocab: str = "smollm2", seed: int = 0, cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Where ``build_tiny_model`` caches the tiny model of this vocabulary and seed."""
-    return cache_root(cache_dir) / "models" / f"tiny-llama-{vocab}-s{seed}"
+    return cache_root(cache_dir) / "models" / f"tiny-llama-{vocab}-h32-s{seed}"
 
 
 # ---------------------------------------------------------------------------------------- resolve

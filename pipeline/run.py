@@ -16,9 +16,20 @@ from pathlib import Path
 
 from pipeline.config import ConfigError, PrivyConfig
 
+
+def _driver_has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 # Defaults every process of a run needs; users can still override them in their environment.
 RUNTIME_ENV_DEFAULTS = {
-    "DS_ACCELERATOR": "cpu",
+    # DS_ACCELERATOR=cpu only where the driver sees no CUDA (CPU machines, CI): there it spares
+    # DeepSpeed's accelerator probing. Forced on a CUDA machine it would put every learner on the
+    # CPU. Learner actors that ask for GPUs get DS_ACCELERATOR=cuda from build_actors, whatever
+    # the driver has (a CPU-only head driving GPU workers).
+    **({} if _driver_has_cuda() else {"DS_ACCELERATOR": "cpu"}),
     "RAY_AUTH_MODE": "disabled",
     "WANDB_MODE": "offline",
     "HF_HUB_OFFLINE": "1",
@@ -60,6 +71,9 @@ def check_launch(cfg: PrivyConfig):
     if need_val is not None and cfg.trainer.val_every != need_val:
         raise ConfigError(f"method={method.name} closes its windows on validation: set "
                           f"trainer.val_every={need_val} (got {cfg.trainer.val_every})")
+    from pipeline.placement import check_launch_gpus, plan_placement
+
+    check_launch_gpus(cfg, plan_placement(cfg, with_scorer=method.teacher_spec() is not None))
     need = cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_learners * cfg.learner.num_cpus
     have = cfg.cluster.num_cpus or os.cpu_count() or 1
     if cfg.cluster.address is None and need > have:
@@ -111,20 +125,27 @@ def build_actors(cfg: PrivyConfig, model_path: str, method):
     from actors.rollout import RolloutWorker
     from actors.scorer import TeacherScorer, TeacherScorerWorker
     from pipeline.models import load_tokenizer
+    from pipeline.placement import check_launch_gpus, plan_placement, reserve
     from pipeline.teacher_prompts import SkillPromptHook, TeacherPrompts, make_retriever
 
     threads = {"env_vars": {"OMP_NUM_THREADS": str(_threads(cfg)), "MKL_NUM_THREADS": str(_threads(cfg))}}
-    port = free_port()
+    # One placement group for the whole run (cluster.placement=none: none, Ray places each actor).
+    plan = plan_placement(cfg, with_scorer=method.teacher_spec() is not None)
+    check_launch_gpus(cfg, plan)  # Ray is up now: the cluster's GPUs are known
+    placement = reserve(plan, cfg.cluster.placement_timeout_s)
+    learner_env = threads
+    if cfg.learner.num_gpus > 0:
+        learner_env = {"env_vars": {**threads["env_vars"], "DS_ACCELERATOR": "cuda"}}
     learner_cls = ray.remote(LearnerActor)
-    ranks = [learner_cls.options(num_cpus=cfg.learner.num_cpus, runtime_env=threads).remote(
+    ranks = [learner_cls.options(**placement.learner(r), runtime_env=learner_env).remote(
         cfg.learner, model_path, temperature=cfg.rollout.temperature,
         total_steps=cfg.trainer.total_steps, rank=r, world_size=cfg.learner.num_learners,
-        seed=cfg.trainer.seed, master_addr="127.0.0.1", master_port=port)
+        seed=cfg.trainer.seed)
         for r in range(cfg.learner.num_learners)]
     student = method.skills_for_student()
     hook = SkillPromptHook(student, cfg.env.name) if student else None
     rollout_cls = ray.remote(max_concurrency=2)(RolloutWorker)
-    workers = [RayRollout(rollout_cls.options(num_cpus=cfg.rollout.num_cpus, runtime_env=threads).remote(
+    workers = [RayRollout(rollout_cls.options(**placement.rollout(i), runtime_env=threads).remote(
         cfg.rollout, cfg.env, model_path, worker_id=i, prompt_hook=hook))
         for i in range(cfg.rollout.num_workers)]
     tok = load_tokenizer(model_path)
@@ -138,12 +159,22 @@ def build_actors(cfg: PrivyConfig, model_path: str, method):
     if spec is not None:
         path = model_path if spec.source == "self" else spec.frozen_path
         # The scorer works while the learner waits for it (or between steps): no CPU reservation.
-        actor = ray.remote(TeacherScorerWorker).options(num_cpus=0, runtime_env=threads).remote(
-            path, temperature=cfg.rollout.temperature, micro_batch_tokens=cfg.learner.micro_batch_tokens)
+        actor = ray.remote(TeacherScorerWorker).options(**placement.scorer(), runtime_env=threads).remote(
+            path, temperature=cfg.rollout.temperature, micro_batch_tokens=cfg.learner.micro_batch_tokens,
+            device="cuda" if cfg.cluster.scorer_num_gpus > 0 else "cpu")
         skills = method.skills_for_teacher()
         retriever = make_retriever(skills, cfg.env.name) if skills else None
         scorer = TeacherScorer(actor, spec, prompts, retriever)
         actors.append(actor)
+    actors.append(placement)  # last: _kill removes the placement group after the actors
+    try:
+        # The ranks meet at rank 0's node (its IP: ranks may sit on several nodes), on a port
+        # free there; every rank blocks in setup until all have joined.
+        master = ray.get(ranks[0].node_address.remote(), timeout=900)
+        ray.get([rk.setup.remote(*master) for rk in ranks], timeout=900)
+    except BaseException:
+        _kill(actors)
+        raise
     ray.get([rk.ping.remote() for rk in ranks], timeout=900)  # surface setup errors now
     return LearnerGroup(ranks, pad_id), workers, scorer, actors
 
@@ -206,6 +237,7 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
 
     start_ray(cfg)
     learner, workers, scorer, actors = build_actors(cfg, model_path, method)
+    init_weight_sync(cfg, learner, workers, scorer, actors)
     state = None
     buffer_state = None
     if resume_state is not None:
@@ -245,13 +277,32 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     return history
 
 
+def init_weight_sync(cfg: PrivyConfig, learner, workers: list, scorer, actors: list) -> None:
+    """``cluster.weight_sync=collective``: form the broadcast group (learner rank 0 + consumers,
+    pipeline/collective_sync.py) before the first sync. On failure the actors are freed."""
+    if cfg.cluster.weight_sync != "collective":
+        return
+    c = cfg.cluster
+    try:
+        asyncio.run(learner.init_weight_group(workers, scorer, backend=c.sync_backend,
+                                              bucket_mb=c.sync_bucket_mb))
+    except BaseException:
+        _kill(actors)
+        raise
+
+
 def _kill(actors: list) -> None:
     """Free the actors' CPU reservations (a following phase needs them)."""
     import ray
 
+    from pipeline.placement import Placement
+
     for a in actors:
         try:
-            ray.kill(a)
+            if isinstance(a, Placement):
+                a.remove()
+            else:
+                ray.kill(a)
         except Exception:  # noqa: BLE001 - already dead
             pass
 

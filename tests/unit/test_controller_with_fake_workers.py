@@ -109,3 +109,59 @@ def test_fake_rollout_failure_stops_the_run_with_its_error():
 
     with pytest.raises(RuntimeError, match="env exploded"):
         run(make_cfg(lag=0), [Broken(0.0)], FakeLearner(0.0))
+
+
+def test_fake_failed_weight_sync_stops_the_run_before_the_next_step():
+    """A publish that raises WeightSyncError (a receiver refused a partial or corrupt sync) ends
+    the run with a message naming the step; no step trains on the stale weights."""
+    from pipeline.weight_sync import WeightSyncError
+
+    class BrokenSync(FakeLearner):
+        async def publish(self, version, workers, scorer=None):
+            if version == 2:
+                raise WeightSyncError("weights v2: checksum 1.0 != 2.0")
+            return await super().publish(version, workers, scorer)
+
+    learner = BrokenSync(0.0)
+    with pytest.raises(WeightSyncError, match=r"stopping the run: syncing the weights of step 2 "
+                                              r"failed \(weights v2: checksum"):
+        run(make_cfg(lag=1), [FakeWorker(0.01)], learner)
+    assert len(learner.trained_versions) == 2
+
+
+def test_fake_colocated_vllm_engines_sleep_exactly_while_the_learner_trains():
+    events = []
+
+    class SleepyWorker(FakeWorker):
+        asleep = False
+
+        async def run_group(self, **kw):
+            assert not self.asleep, "a group was played while the engine slept"
+            return await super().run_group(**kw)
+
+        async def sleep(self):
+            self.asleep = True
+            events.append("sleep")
+
+        async def wake_up(self):
+            self.asleep = False
+            events.append("wake")
+
+    class RecordingLearner(FakeLearner):
+        async def train_step(self, minibatches):
+            assert all(w.asleep for w in workers)
+            events.append("train")
+            return await super().train_step(minibatches)
+
+    cfg = make_cfg(lag=0, steps=3)
+    cfg.rollout.engine = "vllm"
+    cfg.rollout.vllm.enable_sleep_mode = True
+    cfg.cluster.colocate = True
+    workers = [SleepyWorker(0.01), SleepyWorker(0.01)]
+    run(cfg, workers, RecordingLearner(0.01))
+    assert events == ["sleep", "sleep", "train", "wake", "wake"] * 3
+    events.clear()
+    cfg.cluster.colocate = False  # disaggregated engines keep their memory
+    workers = [SleepyWorker(0.01)]
+    run(cfg, workers, FakeLearner(0.01))
+    assert events == []

@@ -85,3 +85,15 @@ def test_end_to_end_tiny_model_on_keyword_writes_adopted_json_and_table(tmp_path
     outcomes = json.loads((out / "outcomes.json").read_text())
     for o in outcomes:
         assert o["adopted"] == adopt(o["pass_with"], o["pass_without"], o["success_with"], o["success_without"])
+
+
+def test_max_prompt_tokens_reaches_the_rollout_worker(tmp_path):
+    # code_edit's system prompt alone is ~700 tokens: the script must let the prompt budget be raised
+    # (and lowered); a budget below the keyword prompt must stop the run at the first prompt.
+    from actors.rollout import PromptTooLong
+    from scripts.select_feedback import main
+
+    (tmp_path / "cands.json").write_text(json.dumps({"format": ["Use tags."]}))
+    with pytest.raises(PromptTooLong, match="max_prompt_tokens=16"):
+        main(["--env", "keyword", "--candidates", str(tmp_path / "cands.json"), "--tasks", "1", "--model", "tiny",
+              "--out", str(tmp_path / "out"), "--max-new-tokens", "4", "--max-prompt-tokens", "16"])

@@ -48,7 +48,7 @@ def test_building_into_a_nonempty_foreign_dir_is_refused(tmp_path):
 def test_tiny_has_the_documented_architecture_and_smollm2_tokenizer(tiny_model_dir):
     config = json.loads((tiny_model_dir / "config.json").read_text())
     assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"]) == ("llama", 2, 64)
-    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (4, 2)
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (2, 1)
     assert config["tie_word_embeddings"] is True and config["vocab_size"] == 49152
     tok = models.load_tokenizer(tiny_model_dir)
     assert len(tok) == 49152
@@ -98,7 +98,7 @@ def test_resolve_model_accepts_an_hf_directory(tiny_bytes_model_dir):
 
 def test_resolve_model_builds_named_models_into_the_given_cache(tmp_path):
     path = models.resolve_model("tiny_bytes", cache_dir=tmp_path)
-    assert path == tmp_path / "models" / "tiny-llama-bytes-s0"
+    assert path == tmp_path / "models" / "tiny-llama-bytes-h32-s0"
     assert json.loads((path / "privy_model.json").read_text())["vocab"] == "bytes"
 
 
@@ -129,7 +129,7 @@ def test_ensure_smollm2_rejects_a_source_that_is_not_the_wheel(tmp_path, monkeyp
 
 def test_prepare_cli_builds_into_the_cache_dir(tmp_path, capsys):
     assert models.main(["prepare", "tiny_bytes", "--cache-dir", str(tmp_path)]) == 0
-    assert str(tmp_path / "models" / "tiny-llama-bytes-s0") in capsys.readouterr().out
+    assert str(tmp_path / "models" / "tiny-llama-bytes-h32-s0") in capsys.readouterr().out
 
 
 @pytest.mark.slow

