@@ -74,19 +74,15 @@ class RolloutWorker:
     def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
                           meta, bucket_bytes: int, timeout_s: float | None = None) -> int:
         """Join the learner's weight group as ``rank``; ``meta`` = the learner's ``sync_meta()``."""
-        from pipeline.collective_sync import DEFAULT_TIMEOUT_S, init_group
+        from pipeline.collective_sync import WeightReceiver
 
-        self._weight_group = init_group(host, port, rank, world_size, backend,
-                                        timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
-        self._sync_meta, self._sync_bucket_bytes = meta, bucket_bytes
+        self._receiver = WeightReceiver(host, port, rank, world_size, backend, meta, bucket_bytes, timeout_s)
         return rank
 
     def receive_weights(self, version: int) -> int:
         """Receive one broadcast into a fresh dict, check it, queue it as ``set_weights`` does.
         Raises WeightSyncError (and queues nothing) if the sync was partial or corrupt."""
-        from pipeline.collective_sync import receive_state_dict
-
-        sd = receive_state_dict(self._weight_group, self._sync_meta, version, self._sync_bucket_bytes)
+        sd = self._receiver.receive(version)
         with self._lock:
             self._pending = (sd, version)
         return version

@@ -48,19 +48,14 @@ class TeacherScorerWorker:
     # Collective route (pipeline/collective_sync.py): same contract as set_weights.
     def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
                           meta, bucket_bytes: int, timeout_s: float | None = None) -> int:
-        from pipeline.collective_sync import DEFAULT_TIMEOUT_S, init_group
+        from pipeline.collective_sync import WeightReceiver
 
-        self._weight_group = init_group(host, port, rank, world_size, backend,
-                                        timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
-        self._sync_meta, self._sync_bucket_bytes = meta, bucket_bytes
+        self._receiver = WeightReceiver(host, port, rank, world_size, backend, meta, bucket_bytes, timeout_s)
         return rank
 
     def receive_weights(self, version: int) -> int:
         """Receive, check (raises WeightSyncError, loading nothing), then load."""
-        from pipeline.collective_sync import receive_state_dict
-
-        sd = receive_state_dict(self._weight_group, self._sync_meta, version, self._sync_bucket_bytes)
-        self.model.load_state_dict(sd, strict=True)
+        self.model.load_state_dict(self._receiver.receive(version), strict=True)
         self.version = version
         return self.version
 

@@ -210,3 +210,18 @@ def receive_state_dict(group: WeightGroup, meta: Meta, version: int, bucket_byte
     if not checksum_matches(got, checksum):
         raise WeightSyncError(f"weights v{version}: checksum {got} != {checksum}")
     return sd
+
+
+class WeightReceiver:
+    """A consumer's membership of the weight group (rollout worker, scorer): join once, then
+    ``receive(version)`` per sync. Raises WeightSyncError on a partial or corrupt sync."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, backend: str, meta: Meta,
+                 bucket_bytes: int, timeout_s: float | None = None):
+        self.group = init_group(host, port, rank, world_size, backend,
+                                timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+        self.meta, self.bucket_bytes = meta, bucket_bytes
+
+    def receive(self, version: int) -> dict[str, torch.Tensor]:
+        return receive_state_dict(self.group, self.meta, version, self.bucket_bytes)
+

@@ -135,3 +135,24 @@ def forward_response(
         token_entropy = -(logp.exp() * logp).sum(-1)  # [N_sel]
         entropy = torch.zeros(B, T, dtype=torch.float32, device=hidden.device).index_put((rows, cols), token_entropy)
     return ResponseForward(logprobs=logprobs, entropy=entropy, logits=logits if with_logits else None)
+
+
+@torch.no_grad()
+def response_logprobs(model: nn.Module, prompts: list[list[int]], responses: list[list[int]], *,
+                      temperature: float = 1.0) -> list[torch.Tensor]:
+    """Per-token log-probs of each ``responses[i]`` after ``prompts[i]`` (one right-padded
+    ``forward_response`` on the model's device; CPU float32 tensors out). This is what the learner
+    computes for a row, so an engine's behaviour log-probs can be checked against it."""
+    device = next(model.parameters()).device
+    seqs = [p + r for p, r in zip(prompts, responses)]
+    width = max(len(s) for s in seqs)
+    input_ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros_like(input_ids)
+    for b, (p, s) in enumerate(zip(prompts, seqs)):
+        input_ids[b, : len(s)] = torch.tensor(s)
+        attention_mask[b, : len(s)] = 1
+        response_mask[b, len(p): len(s)] = 1
+    lp = forward_response(model, input_ids.to(device), attention_mask.to(device), response_mask.to(device),
+                          temperature=temperature, with_entropy=False).logprobs.cpu()
+    return [lp[b, len(p): len(s)] for b, (p, s) in enumerate(zip(prompts, seqs))]

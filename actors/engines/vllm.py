@@ -33,7 +33,7 @@ import torch
 from actors.engines.base import FinishReason, Generation, GenerationEngine
 from pipeline.models import load_tokenizer
 
-__all__ = ["VLLMEngine", "request_seed"]
+__all__ = ["VLLMEngine", "cpu_bind", "request_seed"]
 
 _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
            "fp16": "float16", "float16": "float16"}
@@ -42,6 +42,17 @@ _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat1
 def request_seed(seed: int, index: int) -> int:
     """A distinct, reproducible seed per request of one ``generate`` call (fits in int64)."""
     return (seed * 1_000_003 + index) % (2**63 - 1)
+
+
+def cpu_bind(parts: int) -> str:
+    """This process's allowed CPUs split into ``parts`` contiguous ranges, vLLM-CPU's
+    ``VLLM_CPU_OMP_THREADS_BIND`` syntax: ``"0-3|4-7"``."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < parts:
+        raise ValueError(f"tensor_parallel_size={parts} on CPU needs >= {parts} cores, this process has {len(cpus)}")
+    size = len(cpus) // parts
+    groups = [cpus[i * size:(i + 1) * size] for i in range(parts)]
+    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
 def _checkpoint_shapes(model_path: Path) -> dict[str, tuple[int, ...]]:
@@ -84,6 +95,10 @@ class VLLMEngine(GenerationEngine):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
         if not self._cuda:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gb:g}")
+            if tensor_parallel_size > 1:
+                # vLLM-CPU binds each TP worker to a NUMA node and refuses more workers than nodes
+                # ("Not enough allowed NUMA nodes"); one node split into TP core ranges works.
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(tensor_parallel_size))
         from vllm import LLM
 
         self._in_process = in_process
@@ -232,3 +247,4 @@ class VLLMEngine(GenerationEngine):
     def wake_up(self) -> None:
         if self._sleep_mode:
             self._llm.wake_up()
+            self._llm.reset_prefix_cache()  # the KV blocks were discarded while asleep

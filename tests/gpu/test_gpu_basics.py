@@ -100,7 +100,7 @@ def _join(ctx, what: str) -> None:
 # ----- 1. the HF engine on cuda ------------------------------------------------------------------
 def test_hf_engine_generates_on_cuda_and_matches_forward_response():
     from actors.engines.hf import HFEngine
-    from pipeline.logprobs import forward_response
+    from pipeline.logprobs import response_logprobs
 
     engine = HFEngine.from_pretrained(_model_dir(), dtype="float32", device="cuda")
     assert engine.device.type == "cuda"
@@ -112,20 +112,8 @@ def test_hf_engine_generates_on_cuda_and_matches_forward_response():
     again = engine.generate(prompts, max_new_tokens=16, temperature=1.0, seed=0)
     assert [x.token_ids for x in again] == [x.token_ids for x in gens], "seeded sampling is not reproducible"
 
-    seqs = [p + x.token_ids for p, x in zip(prompts, gens)]
-    width = max(len(s) for s in seqs)
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    resp = torch.zeros_like(ids)
-    for b, (p, s) in enumerate(zip(prompts, seqs)):
-        ids[b, : len(s)] = torch.tensor(s)
-        attn[b, : len(s)] = 1
-        resp[b, len(p): len(s)] = 1
-    with torch.no_grad():
-        lp = forward_response(engine.model, ids.cuda(), attn.cuda(), resp.cuda(),
-                              temperature=1.0, with_entropy=False).logprobs.cpu()
-    gap = max((lp[b, len(p): len(s)] - torch.tensor(x.logprobs)).abs().max().item()
-              for b, (p, s, x) in enumerate(zip(prompts, seqs, gens)))
+    ref = response_logprobs(engine.model, prompts, [x.token_ids for x in gens])  # on cuda
+    gap = max((r - torch.tensor(x.logprobs)).abs().max().item() for r, x in zip(ref, gens))
     assert gap <= PARITY_ATOL_FP32, f"behaviour log-probs differ from forward_response by {gap:.2e}"
 
 

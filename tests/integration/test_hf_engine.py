@@ -12,7 +12,7 @@ import torch
 
 from actors.engines.base import FinishReason, Generation
 from actors.engines.hf import HFEngine
-from pipeline.logprobs import forward_response
+from pipeline.logprobs import response_logprobs
 
 pytestmark = pytest.mark.integration
 
@@ -38,19 +38,8 @@ def chat_prompts(engine) -> list[list[int]]:
 
 
 def _score(model, prompts, generations, temperature):
-    """forward_response on right-padded prompt + response rows; per-row response log-probs."""
-    seqs = [p + g.token_ids for p, g in zip(prompts, generations)]
-    width = max(len(s) for s in seqs)
-    input_ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    response_mask = torch.zeros_like(input_ids)
-    for b, (p, s) in enumerate(zip(prompts, seqs)):
-        input_ids[b, : len(s)] = torch.tensor(s)
-        attention_mask[b, : len(s)] = 1
-        response_mask[b, len(p) : len(s)] = 1
-    with torch.no_grad():
-        lp = forward_response(model, input_ids, attention_mask, response_mask, temperature=temperature).logprobs
-    return [lp[b, len(p) : len(s)] for b, (p, s) in enumerate(zip(prompts, seqs))]
+    """The learner's log-probs of each response (forward_response on right-padded rows)."""
+    return response_logprobs(model, prompts, [g.token_ids for g in generations], temperature=temperature)
 
 
 def _max_gap(engine, prompts, generations, temperature) -> float:

@@ -7,129 +7,34 @@ it never touches another Ray on the machine (which `ray stop --force` would).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from local_ray import RAY, cluster_env, ray_head
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-RAY = str(BIN / "ray")
 SUBMIT = ROOT / "scripts" / "submit.sh"
 JOB_TIMEOUT = 600
 TIMINGS: dict[str, float] = {}
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _cluster_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # The cluster's `python` (the job's interpreter) is this venv's, as after `. .venv/bin/activate`.
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env.update({"RAY_AUTH_MODE": "disabled", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "offline",
-                "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"})
-    for k in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
-        env.pop(k, None)
-    return env
-
-
-def _stop_tree(proc: subprocess.Popen, grace: float = 20.0) -> list:
-    """Stop `ray start --block` and every process it started (its process tree), nothing else;
-    returns the processes still alive afterwards (none expected)."""
-    import psutil
-
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)  # `ray start --block` shuts its cluster down on SIGTERM
-    _, alive = psutil.wait_procs(tree, timeout=grace)
-    for p in alive:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=10)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=10)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    return [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-
-
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A head node with 2 CPUs; yields the dashboard (job server) URL."""
-    import requests
-
-    # Short path: Ray's unix sockets live under the temp dir (108-byte limit).
-    temp = tempfile.mkdtemp(prefix="privy-ray-", dir="/tmp")
-    gcs, dash, client, agent, agent_grpc, rt_agent, metrics = _free_ports(7)
-    cmd = [RAY, "start", "--head", "--block", f"--port={gcs}", "--dashboard-host=127.0.0.1",
-           f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
-           f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
-           f"--runtime-env-agent-port={rt_agent}", f"--metrics-export-port={metrics}",
-           "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={temp}"]
-    log = open(Path(temp) / "ray_start.log", "w")
-    t0 = time.time()
-    proc = subprocess.Popen(cmd, env=_cluster_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=temp)
-    url = f"http://127.0.0.1:{dash}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ray start exited {proc.returncode}: "
-                                   f"{(Path(temp) / 'ray_start.log').read_text()[-3000:]}")
-            try:
-                if requests.get(f"{url}/api/version", timeout=2).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("the Ray dashboard did not come up within 120 s")
-            time.sleep(0.5)
-        TIMINGS["cluster_start"] = time.time() - t0
-        yield url
-    finally:
+    with ray_head(num_cpus=2, dashboard=True) as head:
+        TIMINGS["cluster_start"] = head.start_seconds
+        yield head.dashboard_url
         t1 = time.time()
-        left = _stop_tree(proc)
-        log.close()
-        assert not left, f"cluster processes survived the stop: {left}"
-        TIMINGS["cluster_stop"] = time.time() - t1
-        shutil.rmtree(temp, ignore_errors=True)
+    TIMINGS["cluster_stop"] = time.time() - t1
 
 
 def _job(url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = _cluster_env()
+    env = cluster_env()
     return subprocess.run([RAY, "job", *args, "--address", url], env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -146,7 +51,7 @@ def test_submit_runs_a_tiny_job_on_an_existing_cluster(ray_cluster, tmp_path):
     t0 = time.time()
     try:
         res = subprocess.run(["bash", str(SUBMIT), "--address", url, "--submission-id", sid,
-                              "--runs-dir", str(tmp_path / "runs"), *overrides], env=_cluster_env(), capture_output=True, text=True,
+                              "--runs-dir", str(tmp_path / "runs"), *overrides], env=cluster_env(), capture_output=True, text=True,
                              timeout=JOB_TIMEOUT, cwd=tmp_path)
     except subprocess.TimeoutExpired:
         _job(url, "stop", sid)
@@ -180,7 +85,7 @@ def test_submit_runs_a_multirun_sweep_in_one_job(ray_cluster, tmp_path):
     t0 = time.time()
     try:
         res = subprocess.run(["bash", str(SUBMIT), "--address", url, "--submission-id", sid,
-                              "--runs-dir", str(runs), *overrides], env=_cluster_env(),
+                              "--runs-dir", str(runs), *overrides], env=cluster_env(),
                              capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=tmp_path)
     except subprocess.TimeoutExpired:
         _job(url, "stop", sid)
@@ -199,7 +104,7 @@ def test_submit_dry_run_quotes_overrides_and_sets_the_env(tmp_path):
     res = subprocess.run(["bash", str(SUBMIT), "--dry-run", "--gpu", "--address", "127.0.0.1:8265",
                           "--no-wait", "--env", "FOO=bar", "method=sdar",
                           "rollout.val_temperatures=[0.4,0.0]"],
-                         env=_cluster_env(), capture_output=True, text=True, timeout=60, cwd=tmp_path)
+                         env=cluster_env(), capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "--address http://127.0.0.1:8265" in out and "--no-wait" in out
@@ -207,7 +112,7 @@ def test_submit_dry_run_quotes_overrides_and_sets_the_env(tmp_path):
     assert "DS_ACCELERATOR" not in out  # only on CPU clusters
     assert "FOO" in out and "WANDB_MODE" in out and "HF_HUB_OFFLINE" in out
     cpu = subprocess.run(["bash", str(SUBMIT), "--dry-run", "--cpu", "model=tiny"],
-                         env=_cluster_env(), capture_output=True, text=True, timeout=60)
+                         env=cluster_env(), capture_output=True, text=True, timeout=60)
     assert "DS_ACCELERATOR" in cpu.stdout
 
 

@@ -24,8 +24,8 @@ if os.environ.get("PRIVY_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm")
 
 from actors.engines.base import FinishReason  # noqa: E402
-from actors.engines.vllm import VLLMEngine, request_seed  # noqa: E402
-from pipeline.logprobs import forward_response  # noqa: E402
+from actors.engines.vllm import VLLMEngine, cpu_bind, request_seed  # noqa: E402
+from pipeline.logprobs import response_logprobs  # noqa: E402
 from pipeline.models import load_model  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -49,19 +49,8 @@ def _chat(tok, text: str) -> list[int]:
 
 
 def _score(model, prompts, generations, temperature) -> list[torch.Tensor]:
-    """The learner's log-probs of each response (forward_response on right-padded rows)."""
-    seqs = [p + g.token_ids for p, g in zip(prompts, generations)]
-    width = max(len(s) for s in seqs)
-    input_ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    response_mask = torch.zeros_like(input_ids)
-    for b, (p, s) in enumerate(zip(prompts, seqs)):
-        input_ids[b, : len(s)] = torch.tensor(s)
-        attention_mask[b, : len(s)] = 1
-        response_mask[b, len(p): len(s)] = 1
-    with torch.no_grad():
-        lp = forward_response(model, input_ids, attention_mask, response_mask, temperature=temperature).logprobs
-    return [lp[b, len(p): len(s)] for b, (p, s) in enumerate(zip(prompts, seqs))]
+    """The learner's log-probs of each response."""
+    return response_logprobs(model, prompts, [g.token_ids for g in generations], temperature=temperature)
 
 
 def _perturbed(sd: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
@@ -81,6 +70,15 @@ def _gap(model, prompts, gens, temperature) -> float:
 def test_request_seeds_are_distinct_and_reproducible():
     assert len({request_seed(7, i) for i in range(64)}) == 64
     assert request_seed(7, 3) == request_seed(7, 3) != request_seed(8, 3)
+
+
+def test_cpu_bind_splits_the_allowed_cores():
+    n = len(os.sched_getaffinity(0))
+    assert cpu_bind(1) == (f"{min(os.sched_getaffinity(0))}-{max(os.sched_getaffinity(0))}" if n > 1
+                           else str(min(os.sched_getaffinity(0))))
+    if n >= 2:
+        parts = cpu_bind(2).split("|")
+        assert len(parts) == 2 and parts[0] != parts[1]
 
 
 def test_generate_shapes_seeds_and_group_diversity(engine):
@@ -198,5 +196,26 @@ def test_multiprocess_engine_reloads_through_a_file(tiny_model_dir, hf_model):
     hf_model.load_state_dict(perturbed)
     try:
         assert _gap(hf_model, [prompt], [got], 1.0) < PARITY_ATOL_FP32
+    finally:
+        hf_model.load_state_dict(original)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_2_engine_matches_and_reloads(tiny_model_dir, hf_model):
+    """TP=2 with vLLM's own worker processes (on CPU: one core range per worker)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    eng = VLLMEngine(tiny_model_dir, dtype="fp32", max_model_len=512, kv_cache_gb=1, in_process=False,
+                     tensor_parallel_size=2)
+    prompts = [_chat(eng.tokenizer, "heat the apple")]
+    assert _gap(hf_model, prompts, eng.generate(prompts, max_new_tokens=8, temperature=1.0, seed=1), 1.0) \
+        < PARITY_ATOL_FP32
+    original = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
+    perturbed = _perturbed(original, 2)
+    eng.load_state_dict(perturbed, version=1)
+    hf_model.load_state_dict(perturbed)
+    try:
+        got = eng.generate(prompts, max_new_tokens=8, temperature=1.0, seed=1)
+        assert _gap(hf_model, prompts, got, 1.0) < PARITY_ATOL_FP32
     finally:
         hf_model.load_state_dict(original)
