@@ -1,6 +1,8 @@
 """Feedback selection for targeted guidance: adopt only feedback strings that help the base policy.
 
     python scripts/select_feedback.py --env keyword --candidates file.json --tasks 16 --model tiny --out DIR
+    python scripts/select_feedback.py --env code_edit --env-options '{"max_turns": 4}' --max-prompt-tokens 2048 \
+        --max-new-tokens 80 --candidates file.json --tasks 4 --out DIR   # code_edit's system prompt is ~700 tokens
 
 Writes ``DIR/adopted.json``, ``DIR/feedback_selection.md`` and ``DIR/outcomes.json``; see
 ``pipeline/feedback_selection.py`` for the rule.
