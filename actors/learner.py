@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from pipeline.config import LearnerConfig
+from pipeline.hardware import choose_precision, hardware_info, set_threads
 from pipeline.logprobs import forward_response
 from pipeline.losses import (AUX_LOSSES, AUX_NEEDS_LOGITS, MAX_METRICS, MIN_METRICS, Metrics,
                              entropy_bonus, kl_to_reference, policy_loss,
@@ -35,8 +36,9 @@ from pipeline.microbatch import split_by_tokens, to_device
 from pipeline.types import TrainBatch
 
 
-def ds_config(cfg: LearnerConfig) -> dict:
-    """The DeepSpeed config for our own micro-batching (batch sizes are nominal)."""
+def ds_config(cfg: LearnerConfig, dtype: str) -> dict:
+    """The DeepSpeed config for our own micro-batching (batch sizes are nominal); ``dtype`` is
+    the resolved ``learner.precision`` (bf16 = bf16 compute with fp32 master weights)."""
     conf = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -46,7 +48,7 @@ def ds_config(cfg: LearnerConfig) -> dict:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    if cfg.precision == "bf16":
+    if dtype == "bf16":
         conf["bf16"] = {"enabled": True}
     # ZeRO-Offload: optimizer state (ZeRO >= 1) and parameters (ZeRO-3) in pinned CPU memory.
     if cfg.offload_optimizer:
@@ -99,6 +101,7 @@ class LearnerWorker:
         self.version = 0  # optimizer steps taken = weights version
         self.engine = None
         self.ref_model = None
+        self.precision = None  # PrecisionChoice, resolved in setup() where the device is known
 
     # ----- setup ---------------------------------------------------------------------------------
     def setup(self) -> dict:
@@ -107,7 +110,10 @@ class LearnerWorker:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
+        from deepspeed.accelerator import get_accelerator
+
         t0 = time.time()
+        self.precision = choose_precision(self.cfg.precision, get_accelerator().device_name())
         torch.manual_seed(self.seed)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         if self.cfg.gradient_checkpointing:
@@ -125,7 +131,8 @@ class LearnerWorker:
                                           betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.cfg, self.total_steps))
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                    lr_scheduler=scheduler, config=ds_config(self.cfg))
+                                                    lr_scheduler=scheduler,
+                                                    config=ds_config(self.cfg, self.precision.dtype))
         if self.cfg.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
             self.ref_model.eval().requires_grad_(False).to(self.device)  # beside the policy
@@ -364,10 +371,11 @@ class LearnerActor:
 
     def __init__(self, cfg: LearnerConfig, model_path: str, *, temperature: float, total_steps: int,
                  rank: int, world_size: int, seed: int, master_addr: str | None = None,
-                 master_port: int | None = None):
+                 master_port: int | None = None, threads: int | None = None):
         self._args = dict(cfg=cfg, model_path=model_path, temperature=temperature,
                           total_steps=total_steps, rank=rank, world_size=world_size, seed=seed)
         self.worker: LearnerWorker | None = None
+        self.threads = set_threads(threads)
         if master_addr is not None:
             self.setup(master_addr, master_port)
 
@@ -386,7 +394,7 @@ class LearnerActor:
         """Join the process group (blocks until every rank has joined), build the engine."""
         a = self._args
         init_process_group_env(a["rank"], a["world_size"], master_addr, master_port)
-        torch.set_num_threads(max(1, int(os.environ.get("PRIVY_LEARNER_THREADS", torch.get_num_threads()))))
+        self.threads = set_threads(self.threads)  # the process group setup may have reset it
         self.worker = LearnerWorker(a["cfg"], a["model_path"], temperature=a["temperature"],
                                     total_steps=a["total_steps"], rank=a["rank"],
                                     world_size=a["world_size"], seed=a["seed"])
@@ -437,3 +445,6 @@ class LearnerActor:
 
     def ping(self) -> int:
         return self.worker.version
+
+    def hardware(self) -> dict:
+        return hardware_info(self.worker.precision, self.threads)

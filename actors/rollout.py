@@ -17,6 +17,7 @@ from collections.abc import Callable
 from envs import make_env
 from envs.base import Observation, TextEnv
 from pipeline.config import EnvConfig, RolloutConfig
+from pipeline.hardware import choose_precision, hardware_info, set_threads
 from pipeline.weight_sync import WeightPacket, verify
 from pipeline.types import Episode, EpisodeGroup, Message, StopReason, TurnRecord
 
@@ -32,15 +33,18 @@ class RolloutWorker:
     """Plain class (testable without Ray); ``actors.rollout.Rollout`` is its Ray shell."""
 
     def __init__(self, cfg: RolloutConfig, env_cfg: EnvConfig, model_path: str, *,
-                 worker_id: int = 0, engine=None, prompt_hook: PromptHook | None = None):
+                 worker_id: int = 0, engine=None, prompt_hook: PromptHook | None = None,
+                 threads: int | None = None, chat_template: str | None = None):
         self.cfg = cfg
         self.env_cfg = env_cfg
         self.worker_id = worker_id
         self.prompt_hook = prompt_hook
+        self.threads = set_threads(threads)
+        self.precision = choose_precision(cfg.precision, "cuda" if cfg.num_gpus > 0 else "cpu")
         if engine is None:
             from actors.engines import make_engine
 
-            engine = make_engine(cfg, model_path)
+            engine = make_engine(cfg, model_path, dtype=self.precision.dtype, chat_template=chat_template)
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self._pending: tuple[dict, int] | None = None
@@ -52,6 +56,10 @@ class RolloutWorker:
     @property
     def version(self) -> int:
         return self.engine.version
+
+    def hardware(self) -> dict:
+        """Precision and torch threads of this actor (logged by the driver at launch)."""
+        return hardware_info(self.precision, self.threads)
 
     # ----- weights -------------------------------------------------------------------------------
     def set_weights(self, packet: WeightPacket) -> int:

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from pipeline.hardware import choose_precision, hardware_info, set_threads
 from pipeline.logprobs import forward_response
 from pipeline.methods.base import TeacherSpec
 from pipeline.methods.targeted import turn_feedback
@@ -28,16 +29,21 @@ from pipeline.weight_sync import WeightPacket, verify
 
 class TeacherScorerWorker:
     def __init__(self, model_path: str, *, temperature: float, micro_batch_tokens: int,
-                 dtype: str = "fp32", device: str = "cpu"):
+                 precision: str = "auto", device: str = "cpu", threads: int | None = None):
         from pipeline.models import as_torch_dtype, load_model
 
-        # "cuda": local device 0 of the GPU Ray gave this actor (cluster.scorer_num_gpus > 0).
+        self.threads = set_threads(threads)
+        # "cuda": local device 0 of the GPU Ray gave this actor (scorer.num_gpus > 0).
         self.device = torch.device(device)
-        self.model = load_model(model_path, as_torch_dtype(dtype), self.device)
+        self.precision = choose_precision(precision, self.device.type)
+        self.model = load_model(model_path, as_torch_dtype(self.precision.dtype), self.device)
         self.model.requires_grad_(False)
         self.temperature = temperature
         self.micro_batch_tokens = micro_batch_tokens
         self.version = 0
+
+    def hardware(self) -> dict:
+        return hardware_info(self.precision, self.threads)
 
     def set_weights(self, packet: WeightPacket) -> int:
         verify(packet)

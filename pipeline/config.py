@@ -13,9 +13,12 @@ method never touches this file.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING
+
+from pipeline.hardware import PRECISIONS
 
 
 class ConfigError(ValueError):
@@ -24,9 +27,12 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    name: str = "smollm2_135m"  # smollm2_135m | tiny | any label when `path` is set
+    name: str = "smollm2_135m"  # smollm2_135m | gemma3_270m | tiny | tiny_bytes | any label when `path` is set
     path: str | None = None  # an HF causal-LM directory; overrides `name`
     cache_dir: str | None = None  # where converted models live (default $PRIVY_CACHE or ~/.cache/privy-rl)
+    # Chat template for a tokenizer that has none (base models) or to replace its own: a named
+    # template (chatml | llama3 | qwen2 | gemma, pipeline/chat_templates.py) or a Jinja file path.
+    chat_template: str | None = None
 
 
 @dataclass
@@ -61,7 +67,7 @@ class RolloutConfig:
     max_prompt_tokens: int = 1536  # history is cut (oldest first) to fit; the task is never cut
     temperature: float = 1.0  # sampling temperature; the learner scores with the same one
     top_p: float = 1.0
-    dtype: str = "bf16"  # engine weights: fp32 | bf16
+    precision: str = "auto"  # engine weights: auto (bf16 where native, pipeline/hardware.py) | fp32 | bf16
     val_temperatures: list[float] = field(default_factory=lambda: [0.4, 0.0])
     num_cpus: float = 1.0  # Ray CPUs per rollout actor
     num_gpus: float = 0.0  # Ray GPUs per rollout actor (vLLM: tensor_parallel_size; < 1 when colocated)
@@ -72,7 +78,7 @@ class RolloutConfig:
 class LearnerConfig:
     num_learners: int = 1  # DeepSpeed data-parallel ranks
     zero_stage: int = 0  # 0-3
-    precision: str = "fp32"  # fp32 | bf16 (bf16 keeps fp32 master weights in DeepSpeed)
+    precision: str = "auto"  # auto (bf16 where native, pipeline/hardware.py) | fp32 | bf16 (fp32 master weights)
     lr: float = 1e-6
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -93,6 +99,15 @@ class LearnerConfig:
     offload_params: bool = False  # ZeRO-3: parameters in CPU memory
     num_cpus: float = 1.0  # Ray CPUs per learner actor
     num_gpus: float = 0.0  # Ray GPUs per learner actor (1 on a GPU cluster; < 1 when colocated)
+
+
+@dataclass
+class ScorerConfig:
+    """The teacher scorer actor (methods with a teacher: sdar, adrs, retire_opd, ...)."""
+
+    precision: str = "auto"  # teacher weights: auto (bf16 where native) | fp32 | bf16
+    num_gpus: float = 0.0  # Ray GPUs of the scorer actor (its model goes to cuda when > 0)
+    micro_batch_tokens: int | None = None  # forward token budget; None = learner.micro_batch_tokens
 
 
 @dataclass
@@ -119,7 +134,6 @@ class ClusterConfig:
     # placement group with a bundle per actor; colocate = learners and rollout engines share bundles.
     placement: str = "none"  # none | pack | spread
     colocate: bool = False
-    scorer_num_gpus: float = 0.0  # Ray GPUs of the teacher scorer actor
     placement_timeout_s: float = 300.0  # wait this long for the placement group, then fail
     # Weight sync (pipeline/weight_sync.py): object_store = packets through Ray's object store (CPU
     # default); collective = bucketed broadcast from learner rank 0 over a torch.distributed group.
@@ -143,6 +157,7 @@ class PrivyConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    scorer: ScorerConfig = field(default_factory=ScorerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -172,11 +187,20 @@ def validate(cfg: PrivyConfig) -> None:
     _require(r.temperature > 0, "rollout.temperature must be > 0 for training rollouts "
              "(log-probs of a greedy policy are not a sampling distribution)")
     _require(0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]")
-    _require(r.dtype in ("fp32", "bf16"), f"rollout.dtype={r.dtype!r}: use fp32 or bf16")
+    for key, value in (("rollout.precision", r.precision), ("learner.precision", lr.precision),
+                       ("scorer.precision", cfg.scorer.precision)):
+        _require(value in PRECISIONS, f"{key}={value!r}: use one of {', '.join(PRECISIONS)}")
+    _require(cfg.scorer.micro_batch_tokens is None or cfg.scorer.micro_batch_tokens >= 64,
+             "scorer.micro_batch_tokens must be >= 64 (or null: learner.micro_batch_tokens)")
+    if cfg.model.chat_template is not None:
+        from pipeline.chat_templates import TEMPLATES
+
+        ct = cfg.model.chat_template
+        _require(ct in TEMPLATES or Path(ct).expanduser().is_file(),
+                 f"model.chat_template={ct!r}: name one of {', '.join(sorted(TEMPLATES))} or an existing Jinja file")
     _require(all(v >= 0 for v in r.val_temperatures), "rollout.val_temperatures must be >= 0")
     _require(lr.num_learners >= 1, "learner.num_learners must be >= 1")
     _require(lr.zero_stage in (0, 1, 2, 3), f"learner.zero_stage={lr.zero_stage}: use 0, 1, 2 or 3")
-    _require(lr.precision in ("fp32", "bf16"), f"learner.precision={lr.precision!r}: use fp32 or bf16")
     _require(lr.lr > 0, "learner.lr must be > 0")
     _require(lr.lr_schedule in ("constant", "cosine"), "learner.lr_schedule: use constant or cosine")
     _require(len(lr.betas) == 2 and all(0 <= b < 1 for b in lr.betas), "learner.betas: two values in [0, 1)")
@@ -212,7 +236,7 @@ def validate(cfg: PrivyConfig) -> None:
     _require(not v.enable_sleep_mode or t.max_policy_lag == 0,
              "rollout.vllm.enable_sleep_mode=true needs trainer.max_policy_lag=0 (engines sleep while "
              "the learner trains; at lag > 0 they are sampling then)")
-    _require(r.num_gpus >= 0 and lr.num_gpus >= 0 and cfg.cluster.scorer_num_gpus >= 0,
+    _require(r.num_gpus >= 0 and lr.num_gpus >= 0 and cfg.scorer.num_gpus >= 0,
              "num_gpus values must be >= 0")
     _require(lr.offload_params is False or lr.zero_stage == 3,
              "learner.offload_params needs learner.zero_stage=3")
@@ -258,6 +282,6 @@ def to_config(dict_cfg: Any) -> PrivyConfig:
 
 __all__ = [
     "ClusterConfig", "ConfigError", "EnvConfig", "LearnerConfig", "LoggerConfig", "ModelConfig",
-    "PrivyConfig", "RolloutConfig", "TrainerConfig", "VLLMConfig", "MISSING", "register_schema", "to_config",
+    "PrivyConfig", "RolloutConfig", "ScorerConfig", "TrainerConfig", "VLLMConfig", "MISSING", "register_schema", "to_config",
     "validate",
 ]

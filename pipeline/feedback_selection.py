@@ -151,7 +151,7 @@ def evaluate_with_worker(worker, criteria: Sequence[str], n_tasks: int, *, split
 
 def run(*, env: str, candidates: dict[str, list[str]], n_tasks: int, model: str, out_dir: str | Path,
         env_options: dict | None = None, split: str = "train", temperature: float = 0.0, max_new_tokens: int = 48,
-        history_length: int = 2, sample_seed: int = 0, min_gain: float = 0.0, dtype: str = "fp32",
+        history_length: int = 2, sample_seed: int = 0, min_gain: float = 0.0, precision: str = "auto",
         max_prompt_tokens: int = 1536, engine=None) -> list[Outcome]:
     """Build the HF engine + rollout worker, run the selection, write the outputs."""
     from actors.rollout import RolloutWorker
@@ -160,13 +160,9 @@ def run(*, env: str, candidates: dict[str, list[str]], n_tasks: int, model: str,
 
     path = str(resolve_model(model))
     rcfg = RolloutConfig(engine="hf", group_size=1, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
-                         temperature=temperature, dtype=dtype)
+                         temperature=temperature, precision=precision)
     ecfg = EnvConfig(name=env, history_length=history_length, options=dict(env_options or {}))
-    if engine is None:
-        from actors.engines.hf import HFEngine
-
-        engine = HFEngine.from_pretrained(path, dtype=dtype)
-    worker = RolloutWorker(rcfg, ecfg, path, engine=engine)
+    worker = RolloutWorker(rcfg, ecfg, path, engine=engine)  # engine=None: the HF engine at `precision`
     evaluate = evaluate_with_worker(worker, list(candidates), n_tasks, split=split, temperature=temperature,
                                     sample_seed=sample_seed)
     outcomes = select(candidates, evaluate, min_gain)

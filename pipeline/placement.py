@@ -94,7 +94,7 @@ def plan_placement(cfg: PrivyConfig, *, with_scorer: bool) -> PlacementPlan:
             strategy=None,
             learners=[ActorPlacement(lc, lg, None) for _ in range(m)],
             rollouts=[ActorPlacement(rc, rg, None) for _ in range(n)],
-            scorer=ActorPlacement(0.0, c.scorer_num_gpus, None) if with_scorer else None)
+            scorer=ActorPlacement(0.0, cfg.scorer.num_gpus, None) if with_scorer else None)
 
     bundles: list[dict[str, float]] = []
     if c.colocate:
@@ -124,9 +124,9 @@ def plan_placement(cfg: PrivyConfig, *, with_scorer: bool) -> PlacementPlan:
         rollouts = [ActorPlacement(rc, rg, m + i) for i in range(n)]
     scorer = None
     if with_scorer:
-        if c.scorer_num_gpus > EPS:
-            bundles.append(_bundle(0.0, c.scorer_num_gpus))
-            scorer = ActorPlacement(0.0, c.scorer_num_gpus, len(bundles) - 1)
+        if cfg.scorer.num_gpus > EPS:
+            bundles.append(_bundle(0.0, cfg.scorer.num_gpus))
+            scorer = ActorPlacement(0.0, cfg.scorer.num_gpus, len(bundles) - 1)
         else:
             scorer = ActorPlacement(0.0, 0.0, None)  # reserves nothing: no bundle to hold it
     if c.placement == "spread":
@@ -168,7 +168,7 @@ def check_gpus(plan: PlacementPlan, have: float, where: str) -> None:
     """Raise PlacementError when the plan asks for more GPUs than ``where`` has in total."""
     need = plan.gpus
     if need > have + EPS:
-        hint = ("set learner.num_gpus=0 rollout.num_gpus=0 cluster.scorer_num_gpus=0 to run on CPUs, "
+        hint = ("set learner.num_gpus=0 rollout.num_gpus=0 scorer.num_gpus=0 to run on CPUs, "
                 "or join a GPU cluster (cluster=existing or a conf/cluster/gpu_* config)"
                 if have <= EPS else "lower learner.num_learners / rollout.num_workers or their num_gpus, "
                 "or add nodes")

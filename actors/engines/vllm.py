@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import torch
 
 from actors.engines.base import FinishReason, Generation, GenerationEngine
+from pipeline.chat_templates import stop_token_ids
 from pipeline.models import load_tokenizer
 
 __all__ = ["VLLMEngine", "cpu_bind", "request_seed"]
@@ -81,12 +82,13 @@ class VLLMEngine(GenerationEngine):
         in_process: run the engine core in this process (TP=1 only); otherwise vLLM spawns workers.
         kv_cache_gb: KV cache size on the CPU backend (``VLLM_CPU_KVCACHE_SPACE``).
         seed: the engine's base seed (requests with ``seed=None`` draw from it).
+        chat_template: ``model.chat_template`` (see ``pipeline.models.load_tokenizer``).
     """
 
     def __init__(self, model_path: str | os.PathLike[str], *, dtype: str = "bf16", max_model_len: int = 2048,
                  tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                  enforce_eager: bool = True, enable_sleep_mode: bool = False, in_process: bool = True,
-                 kv_cache_gb: float = 2.0, seed: int = 0) -> None:
+                 kv_cache_gb: float = 2.0, seed: int = 0, chat_template: str | None = None) -> None:
         if in_process and tensor_parallel_size > 1:
             raise ValueError("tensor_parallel_size > 1 needs in_process=False")
         self._path = Path(model_path)
@@ -104,9 +106,9 @@ class VLLMEngine(GenerationEngine):
         self._in_process = in_process
         self._sleep_mode = enable_sleep_mode and self._cuda
         self._max_model_len = int(max_model_len)
-        self._tokenizer = load_tokenizer(self._path)
+        self._tokenizer = load_tokenizer(self._path, chat_template)
         config = json.loads((self._path / "config.json").read_text())
-        eos: set[int] = set()
+        eos: set[int] = set(stop_token_ids(self._tokenizer))  # EOS + the template's end-of-turn token
         for src in (self._tokenizer.eos_token_id, config.get("eos_token_id"), self._generation_eos()):
             if src is not None:
                 eos.update(src if isinstance(src, (list, tuple)) else [src])

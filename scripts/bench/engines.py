@@ -1,6 +1,6 @@
 """Rollout engine benchmark: HF transformers vs vLLM on the same prompts, weights and settings.
 
-    .venv-vllm/bin/python scripts/bench/engines.py [--model smollm2_135m] [--dtype bf16]
+    .venv-vllm/bin/python scripts/bench/engines.py [--model smollm2_135m] [--precision auto|fp32|bf16]
                                                    [--batch 8 32] [--new-tokens 64] [--reps 3]
 
 Prints one JSON object: per engine and batch size, generated tokens/s (median over ``--reps``
@@ -52,7 +52,7 @@ def _reload_seconds(engine, state_dict) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2_135m")
-    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--precision", default="auto", help="auto = bf16 where the CPU runs it natively, else fp32")
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
@@ -62,9 +62,12 @@ def main() -> int:
     from actors.engines.vllm import VLLMEngine
 
     path = resolve_model(args.model)
-    result: dict = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens}
-    engines = {"hf": lambda: HFEngine.from_pretrained(path, dtype=args.dtype),
-               "vllm": lambda: VLLMEngine(path, dtype=args.dtype, max_model_len=1024, kv_cache_gb=2)}
+    from pipeline.hardware import choose_precision
+
+    dtype = choose_precision(args.precision).dtype
+    result: dict = {"model": args.model, "dtype": dtype, "new_tokens": args.new_tokens}
+    engines = {"hf": lambda: HFEngine.from_pretrained(path, dtype=dtype),
+               "vllm": lambda: VLLMEngine(path, dtype=dtype, max_model_len=1024, kv_cache_gb=2)}
     for name, build in engines.items():
         t0 = time.perf_counter()
         engine = build()

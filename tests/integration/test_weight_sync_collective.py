@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 BASE = ["model=tiny", "env=keyword", "rollout.max_new_tokens=8", "rollout.group_size=3",
         "trainer.groups_per_step=2", "trainer.val_every=0", "trainer.ckpt_every=0",
         "logger.progress=false", "learner.lr=1e-3", "cluster.weight_sync=collective",
-        "cluster.sync_backend=auto", "rollout.dtype=bf16"]
+        "cluster.sync_backend=auto", "rollout.precision=bf16"]
 TIMEOUT = 300
 
 
@@ -44,8 +44,8 @@ def test_rollout_worker_and_scorer_apply_only_checked_weights(tiny_model_dir):
                                           meta_of, plan_buckets, send_buckets)
     from pipeline.config import EnvConfig, RolloutConfig
 
-    worker = RolloutWorker(RolloutConfig(dtype="fp32"), EnvConfig(name="keyword"), str(tiny_model_dir))
-    scorer = TeacherScorerWorker(str(tiny_model_dir), temperature=1.0, micro_batch_tokens=256)
+    worker = RolloutWorker(RolloutConfig(precision="fp32"), EnvConfig(name="keyword"), str(tiny_model_dir))
+    scorer = TeacherScorerWorker(str(tiny_model_dir), temperature=1.0, micro_batch_tokens=256, precision="fp32")
     base = {k: v.detach().clone() for k, v in worker.engine.model.state_dict().items()}
     # New weights as a function of the old (tied aliases stay equal), and a corrupted copy.
     new = {k: v * 1.5 + 0.01 for k, v in base.items()}

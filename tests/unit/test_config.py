@@ -5,7 +5,7 @@ from pipeline.cli import compose
 from pipeline.config import ConfigError, PrivyConfig
 
 # Top-level keys are part of the user-facing surface: adding one must be a deliberate change.
-EXPECTED_TOP_LEVEL = {"model", "env", "rollout", "learner", "trainer", "cluster", "logger", "method",
+EXPECTED_TOP_LEVEL = {"model", "env", "rollout", "learner", "scorer", "trainer", "cluster", "logger", "method",
                       "experiment"}
 
 

