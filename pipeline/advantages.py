@@ -24,8 +24,9 @@ statistics). Degenerate groups, chosen so that nothing explodes:
   rather than ``-penalty / 1e-6``.
 
 GiGPO (verl-agent ``gigpo/core_gigpo.py``): ``A = A_E + w * A_S``; ``A_E`` is GRPO above;
-``r_t = step_reward - invalid_penalty * (not action_valid)``, ``R_t = sum_k gamma^(k-t) r_k`` over
-the episode's later turns; anchor groups = rows of one episode group with identical anchor
+``R_t = sum_k gamma^(k-t) r_k`` over the episode's later turns, from the env step rewards ``r_k``
+only, then ``R_t -= invalid_penalty`` on an invalid row (verl-agent subtracts the penalty after
+discounting, so it never leaks into earlier turns); anchor groups = rows of one episode group with identical anchor
 observation (or, with ``similarity_threshold``, greedy clusters against each cluster's first
 member with difflib ratio >= threshold, as verl-agent); ``A_S = (R_t - mean) / (std + 1e-6)``
 within an anchor group, 0 for singletons, same std rules as GRPO.
@@ -126,9 +127,6 @@ def row_scores(rows: Sequence[RowInput], invalid_penalty: float) -> Tensor:
     return torch.tensor([r.episode_reward - invalid_penalty * (not r.action_valid) for r in rows], dtype=_F64)
 
 
-def step_rewards(rows: Sequence[RowInput], invalid_penalty: float) -> Tensor:
-    """``r_t = step_reward - invalid_penalty * (not action_valid)``, ``# [B]`` float64."""
-    return torch.tensor([r.step_reward - invalid_penalty * (not r.action_valid) for r in rows], dtype=_F64)
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,8 +159,9 @@ def grpo_advantages(
 
 
 def discounted_returns(rows: Sequence[RowInput], *, gamma: float, invalid_penalty: float = 0.0) -> Tensor:
-    """``R_t = r_t + gamma * R_{t+1}`` along each episode's turns (sorted by ``turn``), ``# [B]``."""
-    r = step_rewards(rows, invalid_penalty)
+    """``R_t = r_t + gamma * R_{t+1}`` over the env step rewards along each episode's turns (sorted
+    by ``turn``), then ``- invalid_penalty`` on invalid rows only, ``# [B]`` float64."""
+    r = torch.tensor([row.step_reward for row in rows], dtype=_F64)
     by_episode: dict[tuple[Hashable, Hashable], list[int]] = {}
     for i, row in enumerate(rows):
         by_episode.setdefault((row.group, row.episode), []).append(i)
@@ -172,7 +171,8 @@ def discounted_returns(rows: Sequence[RowInput], *, gamma: float, invalid_penalt
         for i in sorted(members, key=lambda j: rows[j].turn, reverse=True):
             running = float(r[i]) + gamma * running
             out[i] = running
-    return out
+    invalid = torch.tensor([not row.action_valid for row in rows], dtype=torch.bool)
+    return out - invalid_penalty * invalid.to(_F64)
 
 
 def anchor_groups(rows: Sequence[RowInput], *, similarity_threshold: float | None = None) -> Tensor:

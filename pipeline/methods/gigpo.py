@@ -4,8 +4,8 @@
 (``pipeline.advantages.grpo_advantages``, "mean_std_norm"; ``norm_std: false`` gives verl-agent's
 "mean_norm"). ``A_S``: within each episode group, rows whose current observation is identical
 (or, with ``similarity_threshold``, difflib ratio >= threshold against a cluster's first member)
-form an anchor group; ``R_t = sum_k gamma^(k-t) r_k`` with the invalid-action penalty inside
-``r``; ``A_S = (R_t - mean) / (std + 1e-6)`` in the anchor group, 0 for singletons.
+form an anchor group; ``R_t = sum_k gamma^(k-t) r_k`` over the env rewards, minus the
+invalid-action penalty on the invalid row only (after discounting, as verl-agent); ``A_S = (R_t - mean) / (std + 1e-6)`` in the anchor group, 0 for singletons.
 Defaults: gamma = 0.95, w = 1.0 (``step_weight``), exact anchors. No teacher, no aux term.
 """
 from __future__ import annotations

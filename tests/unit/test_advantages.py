@@ -63,10 +63,11 @@ def ref_grpo(rows, pen, across_rows=True, norm_std=True):
 
 
 def ref_returns(rows, gamma, pen):
+    """verl-agent's order: discount the env rewards, then subtract the penalty from the invalid row."""
     out = []
     for r in rows:
         later = [o for o in rows if (o.group, o.episode) == (r.group, r.episode) and o.turn >= r.turn]
-        out.append(sum(gamma ** (o.turn - r.turn) * (o.step_reward - pen * (not o.action_valid)) for o in later))
+        out.append(sum(gamma ** (o.turn - r.turn) * o.step_reward for o in later) - pen * (not r.action_valid))
     return out
 
 
@@ -209,10 +210,20 @@ def test_grpo_matches_a_slow_loop_reference(seed, across_rows, norm_std):
 # ----- GiGPO --------------------------------------------------------------------------------------
 
 
-def test_discounted_returns_follow_turn_order_and_include_the_invalid_penalty():
+def test_discounted_returns_follow_turn_order_and_penalise_only_the_invalid_row():
     rows = [row(0, 0, 2, 10.0, step=10.0), row(0, 0, 0, 10.0), row(0, 0, 1, 10.0, valid=False)]
     got = discounted_returns(rows, gamma=0.95, invalid_penalty=0.1)
-    assert got.tolist() == pytest.approx([10.0, 0.95 * (-0.1 + 0.95 * 10.0), -0.1 + 0.95 * 10.0])
+    assert got.tolist() == pytest.approx([10.0, 0.95 ** 2 * 10.0, 0.95 * 10.0 - 0.1])
+
+
+def test_gigpo_invalid_penalty_is_not_discounted_into_earlier_turns():
+    # The issue's group: episode 0 = [valid a, INVALID b], episode 1 = [valid a, valid b], rewards
+    # 0, penalty 0.1, gamma 0.95. verl-agent: step returns [0, -0.1, 0, 0].
+    rows = [row(0, 0, 0, 0.0, anchor="a"), row(0, 0, 1, 0.0, valid=False, anchor="b"),
+            row(0, 1, 0, 0.0, anchor="a"), row(0, 1, 1, 0.0, anchor="b")]
+    assert discounted_returns(rows, gamma=0.95, invalid_penalty=0.1).tolist() == pytest.approx([0, -0.1, 0, 0])
+    got = gigpo_advantages(rows, invalid_penalty=0.1, gamma=0.95).advantages.tolist()
+    assert got == pytest.approx([0.5, -2.2071, 0.5, 1.2071], abs=1e-4)
 
 
 def test_anchor_groups_join_identical_observations_within_but_never_across_episode_groups():
