@@ -32,7 +32,7 @@ from pipeline.logprobs import forward_response
 from pipeline.losses import (AUX_LOSSES, AUX_NEEDS_LOGITS, MAX_METRICS, MIN_METRICS, Metrics,
                              entropy_bonus, kl_to_reference, policy_loss,
                              reduce_micro_batch_metrics)
-from pipeline.microbatch import split_by_tokens, to_device
+from pipeline.microbatch import null_micro_batch, split_by_tokens, to_device
 from pipeline.types import TrainBatch
 
 
@@ -59,31 +59,46 @@ def ds_config(cfg: LearnerConfig, dtype: str) -> dict:
 
 
 def lr_lambda(cfg: LearnerConfig, total_steps: int):
-    def f(step: int) -> float:
-        if cfg.warmup_steps and step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
+    """The lr multiplier of optimizer step ``k`` (the scheduler steps once per mini-batch).
+
+    ``warmup_steps`` and ``total_steps`` count training steps, each of ``learner.mini_batches``
+    optimizer steps, so the schedule runs over ``total_steps * mini_batches`` optimizer steps:
+    linear warmup over the first ``warmup_steps * mini_batches``, then constant or cosine to 0 at
+    the last one.
+    """
+    per_step = cfg.mini_batches
+    warmup, total = cfg.warmup_steps * per_step, total_steps * per_step
+
+    def f(k: int) -> float:
+        if warmup and k < warmup:
+            return (k + 1) / warmup
         if cfg.lr_schedule == "cosine":
-            span = max(1, total_steps - cfg.warmup_steps)
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - cfg.warmup_steps) / span)))
+            span = max(1, total - warmup)
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (k - warmup) / span)))
         return 1.0
 
     return f
 
 
-def combine_step_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+def combine_step_metrics(parts: list[dict[str, float]], weights: list[float] | None = None) -> dict[str, float]:
     """Metrics of mini-batches (or of data-parallel ranks) -> one set: extrema (``MAX_METRICS`` /
-    ``MIN_METRICS``) by max / min, token means averaged. Each part's means are normalised the same
-    way (token sums over the mini-batch's global token count), so their average is the mean."""
+    ``MIN_METRICS``) by max / min, means by the ``weights``-weighted average (equal weights if
+    None). Mini-batches: each part's means are over its own tokens, so the weights are their token
+    counts. Ranks: every rank normalises by the same global count (times the world size), so
+    their plain average is the mean over all ranks' tokens."""
+    weights = [1.0] * len(parts) if weights is None else [float(w) for w in weights]
     out: dict[str, float] = {}
     for key in {k for m in parts for k in m}:
-        vals = [m[key] for m in parts if key in m]
+        pairs = [(m[key], w) for m, w in zip(parts, weights) if key in m]
+        vals = [v for v, _ in pairs]
         base = key.rsplit("/", 1)[-1]
         if base in MAX_METRICS:
             out[key] = max(vals)
         elif base in MIN_METRICS:
             out[key] = min(vals)
         else:
-            out[key] = sum(vals) / len(vals)
+            total = sum(w for _, w in pairs)
+            out[key] = sum(v * w for v, w in pairs) / total if total > 0 else sum(vals) / len(vals)
     return out
 
 
@@ -148,29 +163,50 @@ class LearnerWorker:
         return torch.device(self.engine.device)
 
     # ----- the step ------------------------------------------------------------------------------
+    def _micro_batches(self, batch: TrainBatch) -> tuple[list[TrainBatch], int]:
+        """The rank's micro-batches of ``batch`` and how many of them are real.
+
+        Ranks cut their own rows by token budget, so with rows of different lengths they get
+        different counts; but every micro-batch forward/backward holds collectives (ZeRO-2 reduces
+        gradients in backward, ZeRO-3 gathers parameters in forward), so all ranks must run the
+        same number. They agree on the largest count and pad with null micro-batches: one row with
+        no response token, whose loss is exactly 0 (zero gradients, the collectives still run).
+        """
+        mbs = split_by_tokens(batch, self.cfg.micro_batch_tokens)
+        n_real = len(mbs)
+        if self.world_size > 1:
+            n_max = int(self._all_reduce(torch.tensor(n_real, device=self.device), "max"))
+            mbs += [null_micro_batch(mbs[0])] * (n_max - n_real)
+        return mbs, n_real
+
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """Current-policy log-probs of the batch's tokens, ``[B, T]`` (no grad)."""
         out = torch.zeros_like(batch.behaviour_logprobs)
         row = 0
-        for mb in split_by_tokens(batch, self.cfg.micro_batch_tokens):
+        mbs, n_real = self._micro_batches(batch)
+        for i, mb in enumerate(mbs):
             fw = forward_response(self.module, mb.input_ids, mb.attention_mask, mb.response_mask,
                                   temperature=self.temperature, with_entropy=False)
-            out[row:row + mb.n_rows, : mb.input_ids.shape[1]] = fw.logprobs
-            row += mb.n_rows
+            if i < n_real:
+                out[row:row + mb.n_rows, : mb.input_ids.shape[1]] = fw.logprobs
+                row += mb.n_rows
         return out
 
     def train_step(self, minibatches: list[TrainBatch]) -> dict[str, float]:
-        """One optimizer step per mini-batch; returns metrics (means over the step's tokens)."""
+        """One optimizer step per mini-batch; returns metrics (token means over the step)."""
         t0 = time.time()
         self.module.train()
         # Rollout workers send CPU tensors; the forward runs where the weights are.
         minibatches = [to_device(mb, self.device) for mb in minibatches]
-        # Only the decoupled correction anchors on proximal log-probs; tis / none use lp_old.
-        later = minibatches[1:] if self.cfg.correction == "decoupled" else []
-        prox = [None] + [self.logprobs(mb) for mb in later] + [None] * (len(minibatches) - 1 - len(later))
+        # Proximal log-probs = the weights before the step's first update. The first mini-batch
+        # takes them from its own forward; later ones need a no-grad pass now, when the decoupled
+        # correction or an aux term (whose importance weight is against them) uses them.
+        need_prox = self.cfg.correction == "decoupled" or any(mb.aux_terms for mb in minibatches)
+        prox = [None] + [self.logprobs(mb) if need_prox else None for mb in minibatches[1:]]
         per_mb = [self._minibatch(mb, prox_lp) for mb, prox_lp in zip(minibatches, prox)]
-        out = combine_step_metrics(per_mb)
+        # Each mini-batch's means are over its own tokens: weight them by those token counts.
+        out = combine_step_metrics([m for m, _ in per_mb], weights=[n for _, n in per_mb])
         n_tokens = sum(mb.n_tokens for mb in minibatches)
         out["learner/tokens"] = n_tokens
         out["learner/seconds"] = time.time() - t0
@@ -178,23 +214,29 @@ class LearnerWorker:
         out["learner/lr"] = self.engine.get_lr()[0]
         return out
 
-    def _minibatch(self, batch: TrainBatch, prox_lp: torch.Tensor | None) -> dict[str, float]:
+    def _minibatch(self, batch: TrainBatch, prox_lp: torch.Tensor | None) -> tuple[dict[str, float], float]:
+        """One optimizer step over ``batch``; returns its metrics and its token count (all ranks)."""
         cfg = self.cfg
         # token_mean's denominator: tokens of the whole mini-batch over all ranks, divided by the
         # world size because DeepSpeed averages gradients across ranks.
-        n_total = self._all_reduce_sum(batch.response_mask.sum()) / self.world_size
+        n_global = self._all_reduce(batch.response_mask.sum(), "sum")
+        n_total = n_global / self.world_size
         needs_logits = any(t.kind in AUX_NEEDS_LOGITS for t in batch.aux_terms)
         parts: dict[str, list[Metrics]] = defaultdict(list)  # metric prefix -> per-micro-batch metrics
         row = 0
-        for mb in split_by_tokens(batch, cfg.micro_batch_tokens):
+        mbs, n_real = self._micro_batches(batch)
+        for i, mb in enumerate(mbs):
             self._begin_forward()
             fw = forward_response(self.module, mb.input_ids, mb.attention_mask, mb.response_mask,
                                   temperature=self.temperature, with_entropy=True,
                                   with_logits=needs_logits)
             lp, mask = fw.logprobs, mb.response_mask
             t = mb.input_ids.shape[1]
-            proximal = lp.detach() if prox_lp is None else prox_lp[row:row + mb.n_rows, :t]
-            row += mb.n_rows
+            if prox_lp is None or i >= n_real:
+                proximal = lp.detach()
+            else:
+                proximal = prox_lp[row:row + mb.n_rows, :t]
+                row += mb.n_rows
             pg, m = policy_loss(lp, mb.behaviour_logprobs, mb.advantages, mask, n_total,
                                 clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                 dual_clip=cfg.dual_clip, correction=cfg.correction,
@@ -215,7 +257,7 @@ class LearnerWorker:
             for term in batch.aux_terms:
                 wants = term.kind in AUX_NEEDS_LOGITS
                 aux_loss, am = AUX_LOSSES[term.kind](
-                    lp, mask, mb.aux, n_total, old_logprobs=mb.behaviour_logprobs,
+                    lp, mask, mb.aux, n_total, proximal_logprobs=proximal,
                     student_logits=fw.logits if wants else None,
                     teacher_logits=teacher_logits if wants else None, **term.params)
                 loss = loss + term.coef * aux_loss
@@ -233,7 +275,7 @@ class LearnerWorker:
         gn = pre_norm if gn is None else gn
         if gn is not None:
             out["learner/grad_norm"] = float(gn)
-        return out
+        return out, float(n_global)
 
     def _local_grad_norm(self) -> float:
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
@@ -257,11 +299,13 @@ class LearnerWorker:
                               with_entropy=False, with_logits=True)
         return fw.logits
 
-    def _all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+    def _all_reduce(self, x: torch.Tensor, op: str) -> torch.Tensor:
+        """``x`` reduced over the data-parallel ranks (``op``: sum | max); ``x`` at world size 1."""
         if self.world_size > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(x)
+            x = x.clone()
+            dist.all_reduce(x, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         return x
 
     # ----- weights out ---------------------------------------------------------------------------

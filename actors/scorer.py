@@ -148,7 +148,7 @@ class TeacherScorer:
         lps, version = await self.actor.score.remote(items)
         for row, lp in zip(rows, lps):
             row.teacher_logprobs, row.teacher_version = lp, version
-        lengths = self.prompts.pop_lengths()
+        lengths = [len(ids) for ids, _ in items]
         n_rows = sum(len(g.rows()) for g in groups)
         metrics = {
             "teacher/seconds": time.time() - t0,

@@ -356,8 +356,9 @@ def adrs_advantages(
        cancels). At L2 m is constant in g, so it cancels too: the gate has no effect.
        ``after_whitening``: ``Z = m * whiten_g(qhat)``, where the gate really scales the shaping
        (a neutral gate, m = 0.5, halves it relative to ``paper``: same eta_s, half the push).
-    4. Clip ``c_g = clip * min(strength_g / median, 1)`` with ``adaptive_clip`` (median over the
-       shaped groups, the lower middle for an even count, as ``torch.median``), else ``clip``;
+    4. Clip ``c_g = clip * min(strength_g / (median + 1e-6), 1)`` with ``adaptive_clip`` (median
+       over every group with ``strength >= 1e-6``, a single-row group counting as 1, verl's std of
+       one score, as the reference; the lower middle for an even count, as ``torch.median``), else ``clip``;
        ``clip=None`` disables clipping. ``strength`` is the base's std_g (GRPO) or max|A| (GiGPO).
 
     Metrics: ``adrs/tva_mean`` (over rows), ``adrs/gate_mean`` (over tokens),
@@ -391,11 +392,14 @@ def adrs_advantages(
     token_shaped = shaped[tok_group] & (g_count[tok_group] >= 2)
     z = torch.where(token_shaped, z, torch.zeros_like(z))
 
-    # adaptive clip
+    # adaptive clip; the median runs over every group with an env signal, a single-row group
+    # counting as std 1 (verl's std of one score), as the reference does
+    median_strength = torch.where(n_in_group < 2, torch.ones_like(strength), strength)
+    with_signal = median_strength >= EPS_STD
     if clip is None or clip <= 0:
         limit = torch.full((n_groups,), float("inf"), dtype=_F64)
     elif adaptive_clip and bool(shaped.any()):
-        limit = clip * torch.clamp(strength / strength[shaped].median(), max=1.0)
+        limit = clip * torch.clamp(strength / (median_strength[with_signal].median() + EPS_STD), max=1.0)
     else:
         limit = torch.full((n_groups,), float(clip), dtype=_F64)
     raw = eta_s * z

@@ -38,7 +38,8 @@ def train_from_hydra(dcfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from pipeline.config import ConfigError, to_config
-    from pipeline.run import run_training
+    from pipeline.controller import Aborted
+    from pipeline.run import RunStopped, run_training
 
     try:
         cfg = to_config(dcfg)
@@ -48,8 +49,11 @@ def train_from_hydra(dcfg) -> None:
         _fail("config error", e)
     except FileNotFoundError as e:
         _fail("missing file", e)
-    except KeyboardInterrupt:
-        print("privy-rl: interrupted", file=sys.stderr)
+    except RunStopped as e:
+        print(f"privy-rl: {e}", file=sys.stderr)
+        sys.exit(130)
+    except (Aborted, KeyboardInterrupt) as e:
+        print(f"privy-rl: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         sys.exit(130)
     except Exception as e:  # Ray wraps actor errors; show the root cause in one line
         cause = getattr(e, "cause", None) or e

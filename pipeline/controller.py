@@ -5,6 +5,11 @@
 * ``_train_loop``: take ``groups_per_step`` groups, score them with the teacher if the method
   wants one, assign credit, train, publish the new weights, then validate / checkpoint when due.
 
+Stopping (Ctrl-C, ``request_stop``): the train loop finishes the step it is in (the rollout loops
+keep playing the groups it waits for), checkpoints and returns; a second request aborts at once
+(``run`` raises ``Aborted``). The rollout loops end only when the train loop has ended, or by
+raising.
+
 The controller talks to workers through small handles (``actors.handles``), so the same loops drive
 Ray actors in a run and plain in-process fakes in tests. Time spent waiting on each side is
 measured: the learner idles while the buffer is short of groups, the rollout side while admission
@@ -25,6 +30,10 @@ from pipeline.config import PrivyConfig
 from pipeline.microbatch import slice_rows
 from pipeline.types import EpisodeGroup
 from pipeline.weight_sync import WeightSyncError
+
+
+class Aborted(Exception):
+    """A second stop request: the run ended without finishing its step."""
 
 
 def task_seed(base_seed: int, index: int) -> int:
@@ -62,28 +71,42 @@ class Controller:
         self._retry = list(self.state.in_flight)  # groups lost in flight at the last checkpoint
         self.state.in_flight = []
         self._stop = asyncio.Event()
+        self._trainer: asyncio.Task | None = None
+        self.aborted = False
         self.history: list[dict[str, float]] = []
         # Colocated vLLM engines free their GPU memory while the learner trains (lag 0 only:
         # then no group is in flight during the train step).
         self._sleep_engines = (cfg.cluster.colocate and cfg.rollout.engine == "vllm"
                                and cfg.rollout.vllm.enable_sleep_mode)
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def request_stop(self) -> None:
-        """Finish the current step, checkpoint, exit (Ctrl-C)."""
-        self._stop.set()
+        """First call: finish the current step, checkpoint, return (Ctrl-C). Second: abort now."""
+        if not self._stop.is_set():
+            self._stop.set()
+            return
+        self.aborted = True
+        if self._trainer is not None:
+            self._trainer.cancel()
 
     # ----- loops ---------------------------------------------------------------------------------
     async def run(self) -> list[dict[str, float]]:
         rollouts = [asyncio.create_task(self._rollout_loop(i, w)) for i, w in enumerate(self.workers)]
-        trainer = asyncio.create_task(self._train_loop())
+        self._trainer = trainer = asyncio.create_task(self._train_loop())
         try:
             done, _ = await asyncio.wait([trainer, *rollouts], return_when=asyncio.FIRST_COMPLETED)
-            for task in done:  # a rollout loop only ends by raising
-                task.result()
+            for task in done:  # a rollout loop only ends by raising; the trainer when done or stopped
+                if not (task is trainer and self.aborted):
+                    task.result()
         finally:
             for task in [trainer, *rollouts]:
                 task.cancel()
             await asyncio.gather(trainer, *rollouts, return_exceptions=True)
+        if self.aborted:
+            raise Aborted(f"aborted during step {self.state.step + 1} (a second stop request)")
         return self.history
 
     def _next_task_index(self) -> int:
@@ -95,9 +118,9 @@ class Controller:
 
     async def _rollout_loop(self, worker_id: int, worker) -> None:
         cfg, st = self.cfg, self.state
-        while not self._stop.is_set():
+        while True:  # cancelled by run() once the train loop has ended
             t0 = time.time()
-            await self.buffer.acquire_start()
+            ticket = await self.buffer.acquire_start()
             t1 = time.time()
             idx = self._next_task_index()
             st.in_flight.append(idx)
@@ -107,12 +130,12 @@ class Controller:
                     group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature,
                     sample_seed=cfg.trainer.seed * 7919 + idx)
             except BaseException:
-                await self.buffer.release_start()
+                await self.buffer.release_start(ticket)
                 raise
             st.in_flight.remove(idx)
             st.rollout_wait_s += t1 - t0
             st.rollout_busy_s += time.time() - t1
-            await self.buffer.put(group)
+            await self.buffer.put(ticket, group)
 
     async def _train_loop(self) -> None:
         t = self.cfg.trainer
@@ -158,6 +181,7 @@ class Controller:
         if self._sleep_engines:
             await asyncio.gather(*[w.sleep() for w in self.workers])
         metrics.update(await self.learner.train_step(minibatches))
+        metrics.update(self.method.after_train_step(step, metrics))
         if self._sleep_engines:
             await asyncio.gather(*[w.wake_up() for w in self.workers])
         t4 = time.time()

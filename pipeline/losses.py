@@ -249,7 +249,7 @@ def gated_surrogate(
     aux: dict[str, Tensor],
     n_tokens_total: int | float | Tensor,
     *,
-    old_logprobs: Tensor,
+    proximal_logprobs: Tensor,
     student_logits: Tensor | None = None,
     teacher_logits: Tensor | None = None,
     beta: float | None = None,
@@ -278,7 +278,7 @@ def k3_is(
     aux: dict[str, Tensor],
     n_tokens_total: int | float | Tensor,
     *,
-    old_logprobs: Tensor,
+    proximal_logprobs: Tensor,
     student_logits: Tensor | None = None,
     teacher_logits: Tensor | None = None,
 ) -> tuple[Tensor, Metrics]:
@@ -287,23 +287,31 @@ def k3_is(
 
         l   = lp - lpT
         k3  = exp(min(-l, 20)) - 1 + l
-        rho = exp(min(lp - lp_old, 10))          (NOT detached: it carries gradient too)
+        rho = exp(min(lp - lp_prox, 10))         (NOT detached: it carries gradient too)
         L   = token_mean(rho * k3 * distill_mask)
 
-    Uses ``aux["teacher_logprobs"]`` and the optional ``aux["distill_mask"]``.
-    Metrics: ``loss``, ``k3_mean``, ``rho_mean``.
+    ``lp_prox`` (``proximal_logprobs``) is the learner's own log-prob of the token before the
+    step's first update, what the released code calls old log-probs (recomputed by the actor),
+    never the rollout engine's: an engine/learner mismatch (bf16 engines: 0.05 mean, 0.3 max) or a
+    policy lag would otherwise enter rho and dominate the gradient. The lag correction stays in
+    the policy loss. Uses ``aux["teacher_logprobs"]`` and the optional ``aux["distill_mask"]``.
+
+    Metrics: ``loss``, ``k3_mean``, ``rho_mean``, and ``alignment`` = ``token_mean(lp_prox - lpT)``
+    over the distilled tokens: RetireOPD's ``K_n`` when the mini-batch is the whole step.
     """
     teacher = aux["teacher_logprobs"].detach()
     sel = _distill_mask(mask, aux)
     ell = logprobs - teacher
     k3 = torch.exp((-ell).clamp(max=20.0)) - 1.0 + ell
-    rho = torch.exp((logprobs - old_logprobs.detach()).clamp(max=10.0))
+    prox = proximal_logprobs.detach()
+    rho = torch.exp((logprobs - prox).clamp(max=10.0))
     loss = token_mean(rho * k3, sel, n_tokens_total)
     with torch.no_grad():
         metrics = {
             "loss": loss.detach(),
             "k3_mean": token_mean(k3.detach(), sel, n_tokens_total),
             "rho_mean": token_mean(rho.detach(), sel, n_tokens_total),
+            "alignment": token_mean(prox - teacher, sel, n_tokens_total),
         }
     return loss, metrics
 
@@ -314,7 +322,7 @@ def full_kl(
     aux: dict[str, Tensor],
     n_tokens_total: int | float | Tensor,
     *,
-    old_logprobs: Tensor,
+    proximal_logprobs: Tensor,
     student_logits: Tensor | None = None,
     teacher_logits: Tensor | None = None,
 ) -> tuple[Tensor, Metrics]:
@@ -336,7 +344,7 @@ def full_kl(
     marks the same response tokens of every row in the same order. ``aux["distill_mask"]``
     ``# [B, T]`` selects the failed-turn tokens (absent: all tokens). The loss is a token sum over
     a global count, so the learner may pass micro-batches or chunks and add the losses.
-    ``logprobs`` and ``old_logprobs`` are unused.
+    ``logprobs`` and ``proximal_logprobs`` are unused.
 
     Metrics: ``loss``; ``kl`` (= loss); ``selected_fraction`` (selected tokens / N_all), so
     ``kl / selected_fraction`` is the mean KL per selected token.

@@ -39,23 +39,42 @@ def split_by_tokens(batch: TrainBatch, budget: int) -> list[TrainBatch]:
     return [slice_rows(batch, a, b) for a, b in spans]
 
 
-def slice_rows(batch: TrainBatch, a: int, b: int) -> TrainBatch:
-    """Rows [a, b) of the batch, trimmed to their longest row."""
+def slice_rows(batch: TrainBatch, a: int, b: int, *, copy: bool = False) -> TrainBatch:
+    """Rows [a, b) of the batch, trimmed to their longest row. Views share the batch's storage;
+    ``copy=True`` gives compact tensors of their own (a view pickles its whole storage, so a
+    slice sent to another process must be copied)."""
     t = max(row_lengths(batch.attention_mask[a:b]))
-    kw = {name: getattr(batch, name)[a:b, :t] for name in _ALIGNED}
-    kw["aux"] = {k: v[a:b, :t] for k, v in batch.aux.items()}
+
+    def cut(x: torch.Tensor, width: int) -> torch.Tensor:
+        return x[a:b, :width].clone() if copy else x[a:b, :width]
+
+    kw = {name: cut(getattr(batch, name), t) for name in _ALIGNED}
+    kw["aux"] = {k: cut(v, t) for k, v in batch.aux.items()}
     if batch.teacher_input_ids is not None:
         tt = max(row_lengths(batch.teacher_attention_mask[a:b]))
-        kw.update({name: getattr(batch, name)[a:b, :tt] for name in _TEACHER})
+        kw.update({name: cut(getattr(batch, name), tt) for name in _TEACHER})
     kw["versions"] = batch.versions[a:b]
     return replace(batch, **kw)
 
 
+def null_micro_batch(mb: TrainBatch) -> TrainBatch:
+    """The first row of ``mb`` with no response token: its loss is exactly 0 and its gradient
+    zero, but its forward and backward run the same collectives as a real micro-batch."""
+    one = slice_rows(mb, 0, 1, copy=True)
+    one.response_mask.zero_()
+    for v in one.aux.values():
+        v.zero_()
+    if one.teacher_response_mask is not None:
+        one.teacher_response_mask.zero_()
+    return one
+
+
 def split_rows(batch: TrainBatch, n_parts: int) -> list[TrainBatch]:
-    """``n_parts`` contiguous row slices of near-equal size (data-parallel shards)."""
+    """``n_parts`` contiguous row slices of near-equal size (data-parallel shards), each with
+    tensors of its own: a shard travels to its rank alone, not with the whole batch's storage."""
     b = batch.n_rows
     bounds = [round(i * b / n_parts) for i in range(n_parts + 1)]
-    return [slice_rows(batch, bounds[i], bounds[i + 1]) for i in range(n_parts)
+    return [slice_rows(batch, bounds[i], bounds[i + 1], copy=True) for i in range(n_parts)
             if bounds[i + 1] > bounds[i]]
 
 

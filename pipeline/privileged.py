@@ -1,41 +1,42 @@
-"""Privileged teacher prompts: skills placement, feedback insertion, and history fitting (pure, no model).
+"""Privileged teacher prompts: skills placement and feedback insertion (pure, no model).
 
 Skills placements (``Placement``), given a turn row's student ``messages`` and the skills text:
 
 * ``raw_prefix``: SDAR's released form. The raw text ``"[Privileged Skill Information]\\n{skills}\\n\\n"``
   goes *before* the chat-templated prompt, so the messages stay as they are and the caller
   prepends ``PrivilegedPrompt.prefix`` to the rendered prompt (``PrivilegedPrompt.render``).
-* ``system``: the block ``"[Privileged Skill Information]\\n{skills}"`` is appended to the first
-  message if it is a system message, otherwise inserted as a new system message.
-* ``user``: SkillRL / RetireOPD's ``"[Privileged Skill Information]\\n{skills}\\n\\n{obs}"``, prepended
-  to the first user message.
+* ``system``: the block ``"[Privileged Skill Information]\\n{skills}"`` is appended (after a blank
+  line) to the system message: the prompt's own, or, when it has none, the one the chat template
+  would insert by default (``default_system``: SmolLM2's and Qwen's templates add their default
+  system prompt only when the conversation has none, so a bare new system message would also
+  drop that prompt); only a template without a default gets a system message of its own.
+* ``user``: the same block appended (after a blank line) to the first user message. SkillRL /
+  RetireOPD put it *before* the observation; at the end of the message the block is a pure
+  insertion into the student's token ids (the message's end is followed by the template's
+  end-of-turn token, a token boundary), so the teacher sees the student's prompt plus the
+  privileged text and nothing else.
 
 Targeted guidance: ``insert_feedback`` appends ``"[Feedback on your previous attempt]"`` and the
 failed criteria's feedback strings (one per line, in the given order) to the end of the last user
-message, i.e. immediately before the assistant's response in the rendered prompt.
+message, i.e. immediately before the assistant's response in the rendered prompt; when the prompt
+ends with a tool result (``role="tool"``, code_edit's ``tool_role=tool``) they form a user turn of
+their own after it.
 
-History fitting: SDAR's code truncates the teacher prompt from the left, which can silently cut
-the skills. Here the caller supplies ``rebuild(history_length) -> prompt``, a callback that builds
-the *whole* prompt (privileged text included) with only the last ``history_length`` turns of
-history, and ``encode(prompt) -> ids``. ``fit_history`` tries ``history_length, ..., 1, 0`` and
-keeps the first that fits ``max_tokens``. The privileged text is never cut because it is re-applied
-by every rebuild; when even zero history is too long the result says ``fits=False`` (the prompt is
-returned whole) and the caller decides what to do. ``TruncationStats`` counts truncations for the
-metrics. These functions never mutate their input messages.
+SDAR's code truncates the teacher prompt from the left, which can silently cut the skills. Here
+the privileged text is added to the student's prompt as it was sampled (already fitted to
+``rollout.max_prompt_tokens`` by dropping old history) and never cut. These functions never mutate
+their input messages.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Generic, TypeVar
 
 from pipeline.types import Message
 
 SKILL_HEADER = "[Privileged Skill Information]"
 FEEDBACK_HEADER = "[Feedback on your previous attempt]"
-
-T = TypeVar("T")
 
 
 class Placement(StrEnum):
@@ -63,10 +64,12 @@ def raw_prefix(privileged: str) -> str:
     return f"{SKILL_HEADER}\n{privileged}\n\n"
 
 
-def in_system(messages: Sequence[Message], privileged: str) -> list[Message]:
+def in_system(messages: Sequence[Message], privileged: str, default_system: str | None = None) -> list[Message]:
     out, block = _copy(messages), f"{SKILL_HEADER}\n{privileged}"
     if out and out[0].role == "system":
         out[0].content = f"{out[0].content}\n\n{block}" if out[0].content else block
+    elif default_system:
+        out.insert(0, Message(role="system", content=f"{default_system}\n\n{block}"))
     else:
         out.insert(0, Message(role="system", content=block))
     return out
@@ -76,13 +79,16 @@ def in_first_user(messages: Sequence[Message], privileged: str) -> list[Message]
     out = _copy(messages)
     for m in out:
         if m.role == "user":
-            m.content = f"{SKILL_HEADER}\n{privileged}\n\n{m.content}"
+            m.content = f"{m.content}\n\n{SKILL_HEADER}\n{privileged}"
             return out
     raise ValueError("placement 'user' needs a user message in the prompt; the messages have none")
 
 
-def with_privileged(messages: Sequence[Message], privileged: str, placement: str) -> PrivilegedPrompt:
-    """The teacher prompt for one turn row. Empty ``privileged`` text leaves the prompt unchanged."""
+def with_privileged(messages: Sequence[Message], privileged: str, placement: str,
+                    default_system: str | None = None) -> PrivilegedPrompt:
+    """The teacher prompt for one turn row. Empty ``privileged`` text leaves the prompt unchanged.
+    ``default_system``: the chat template's default system prompt, if it has one
+    (``pipeline.teacher_prompts.default_system_prompt``)."""
     if placement not in set(Placement):
         raise ValueError(f"skills placement {placement!r}: choose one of {[p.value for p in Placement]}")
     placement = Placement(placement)
@@ -91,94 +97,26 @@ def with_privileged(messages: Sequence[Message], privileged: str, placement: str
     if placement is Placement.RAW_PREFIX:
         return PrivilegedPrompt(messages=_copy(messages), prefix=raw_prefix(privileged))
     if placement is Placement.SYSTEM:
-        return PrivilegedPrompt(messages=in_system(messages, privileged))
+        return PrivilegedPrompt(messages=in_system(messages, privileged, default_system))
     return PrivilegedPrompt(messages=in_first_user(messages, privileged))
 
 
 def insert_feedback(messages: Sequence[Message], feedback: Sequence[str],
                     header: str = FEEDBACK_HEADER) -> list[Message]:
-    """Append the feedback to the last (user) message, right before the assistant's response."""
+    """Put the feedback right before the assistant's response: at the end of the last message when
+    it is the user's, or, after a tool result (``role="tool"``), as a user turn of its own (a
+    judge's remark is not part of the tool's output)."""
     lines = [f.strip() for f in feedback if f.strip()]
     out = _copy(messages)
     if not lines:
         return out
-    if not out or out[-1].role != "user":
-        last = out[-1].role if out else "nothing"
-        raise ValueError(f"feedback goes at the end of the last user message, but the prompt ends with {last}")
-    out[-1].content = f"{out[-1].content}\n\n{header}\n" + "\n".join(lines)
+    block = f"{header}\n" + "\n".join(lines)
+    last = out[-1].role if out else "nothing"
+    if last == "user":
+        out[-1].content = f"{out[-1].content}\n\n{block}"
+    elif last == "tool":
+        out.append(Message(role="user", content=block))
+    else:
+        raise ValueError(f"feedback goes right before the response, after a user or tool message, but the "
+                         f"prompt ends with {last}")
     return out
-
-
-# ----- fitting the prompt budget by dropping history ---------------------------------------------
-@dataclass(frozen=True, slots=True)
-class FitResult(Generic[T]):
-    prompt: T
-    n_tokens: int
-    history_length: int  # history turns kept
-    dropped: int  # history turns dropped to fit
-    fits: bool  # False: over budget even with no history (privileged text kept whole anyway)
-
-    @property
-    def truncated(self) -> bool:
-        return self.dropped > 0
-
-
-@dataclass(slots=True)
-class TruncationStats:
-    """Counts over the prompts fitted since the last ``reset``."""
-
-    n_prompts: int = 0
-    n_truncated: int = 0
-    n_dropped_turns: int = 0
-    n_over_budget: int = 0
-
-    def record(self, result: FitResult) -> None:
-        self.n_prompts += 1
-        self.n_truncated += result.truncated
-        self.n_dropped_turns += result.dropped
-        self.n_over_budget += not result.fits
-
-    def metrics(self, prefix: str = "privileged") -> dict[str, float]:
-        return {f"{prefix}/truncations": float(self.n_truncated),
-                f"{prefix}/truncated_fraction": self.n_truncated / max(self.n_prompts, 1),
-                f"{prefix}/dropped_turns": float(self.n_dropped_turns),
-                f"{prefix}/over_budget": float(self.n_over_budget)}
-
-    def reset(self) -> None:
-        self.n_prompts = self.n_truncated = self.n_dropped_turns = self.n_over_budget = 0
-
-
-def fit_history(rebuild: Callable[[int], T], encode: Callable[[T], Sequence[int]], max_tokens: int,
-                history_length: int, stats: TruncationStats | None = None) -> FitResult[T]:
-    """Keep as much recent history as fits ``max_tokens``; see the module docstring for the contract.
-
-    Linear search from the full history down: the usual prompt fits at once, so one encode.
-    """
-    if max_tokens < 1 or history_length < 0:
-        raise ValueError(f"fit_history needs max_tokens >= 1 and history_length >= 0 "
-                         f"(got {max_tokens}, {history_length})")
-    for kept in range(history_length, -1, -1):
-        prompt = rebuild(kept)
-        n_tokens = len(encode(prompt))
-        if n_tokens <= max_tokens:
-            break
-    result = FitResult(prompt=prompt, n_tokens=n_tokens, history_length=kept,
-                       dropped=history_length - kept, fits=n_tokens <= max_tokens)
-    if stats is not None:
-        stats.record(result)
-    return result
-
-
-def fit_privileged_prompt(student: Callable[[int], list[Message]], privileged: str, placement: str,
-                          encode: Callable[[PrivilegedPrompt], Sequence[int]], max_tokens: int,
-                          history_length: int, *, feedback: Sequence[str] = (),
-                          stats: TruncationStats | None = None) -> FitResult[PrivilegedPrompt]:
-    """``fit_history`` for a teacher prompt: ``student(h)`` builds the student's messages with h
-    history turns; skills (by ``placement``) and feedback are added to every candidate."""
-    def rebuild(h: int) -> PrivilegedPrompt:
-        prompt = with_privileged(student(h), privileged, placement)
-        if feedback:
-            prompt = PrivilegedPrompt(messages=insert_feedback(prompt.messages, feedback), prefix=prompt.prefix)
-        return prompt
-
-    return fit_history(rebuild, encode, max_tokens, history_length, stats)

@@ -1,7 +1,8 @@
 """RetireOPD's adaptive teacher retirement (METHODS.md, ``retire_opd``), as a plain class.
 
-Per training step n the method records the alignment ``K_n = token_mean(lp_old - lpT)`` over the
-step's batch (``step_alignment``). Steps are grouped in windows of W; when a window closes, the
+Per training step n the method records the alignment ``K_n = token_mean(lp_prox - lpT)`` over the
+step's batch, measured by the learner (the ``alignment`` metric of ``pipeline.losses.k3_is``: its
+own log-probs before the step's update, never the rollout engine's). Steps are grouped in windows of W; when a window closes, the
 controller wants a validation success rate SR_m (``needs_validation``) and ``end_window`` then
 computes ``Kbar_m`` = mean of the window's K_n and, for m >= 2::
 
@@ -29,20 +30,6 @@ Metrics are python floats (this runs on the driver): ``opd/K``, ``opd/Kbar``, ``
 from __future__ import annotations
 
 import math
-from typing import Sequence
-
-
-def step_alignment(behaviour_logprobs: Sequence[Sequence[float]], teacher_logprobs: Sequence[Sequence[float]]) -> float:
-    """``K_n = token_mean(lp_old - lpT)`` over all response tokens of the step's rows."""
-    total, count = 0.0, 0
-    for old_row, teacher_row in zip(behaviour_logprobs, teacher_logprobs, strict=True):
-        if len(old_row) != len(teacher_row):
-            raise ValueError(f"row lengths differ: {len(old_row)} behaviour vs {len(teacher_row)} teacher log-probs")
-        total += sum(o - t for o, t in zip(old_row, teacher_row))
-        count += len(old_row)
-    if count == 0:
-        raise ValueError("K_n needs at least one response token")
-    return total / count
 
 
 class RetirementController:

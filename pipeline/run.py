@@ -154,7 +154,7 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
     from actors.scorer import TeacherScorer, TeacherScorerWorker
     from pipeline.models import load_tokenizer
     from pipeline.placement import check_launch_gpus, plan_placement, reserve
-    from pipeline.teacher_prompts import SkillPromptHook, TeacherPrompts, make_retriever
+    from pipeline.teacher_prompts import SkillPromptHook, TeacherPrompts, default_system_prompt, make_retriever
 
     n_threads = actor_threads(cfg)
     threads = {"env_vars": {"OMP_NUM_THREADS": str(n_threads), "MKL_NUM_THREADS": str(n_threads)}}
@@ -171,14 +171,14 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
         total_steps=cfg.trainer.total_steps, rank=r, world_size=cfg.learner.num_learners,
         seed=cfg.trainer.seed, threads=n_threads)
         for r in range(cfg.learner.num_learners)]
+    tok = load_tokenizer(model_path, cfg.model.chat_template)
     student = method.skills_for_student()
-    hook = SkillPromptHook(student, cfg.env.name) if student else None
+    hook = SkillPromptHook(student, cfg.env.name, default_system_prompt(tok)) if student else None
     rollout_cls = ray.remote(max_concurrency=2)(RolloutWorker)
     workers = [RayRollout(rollout_cls.options(**placement.rollout(i), runtime_env=threads).remote(
         cfg.rollout, cfg.env, model_path, worker_id=i, prompt_hook=hook, threads=n_threads,
         chat_template=cfg.model.chat_template))
         for i in range(cfg.rollout.num_workers)]
-    tok = load_tokenizer(model_path, cfg.model.chat_template)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     # The teacher prompt may exceed the student's budget by the privileged text, never the model.
     max_total = int(getattr(_model_config(model_path), "max_position_embeddings", 8192))
@@ -262,12 +262,15 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     method, _ = check_launch(cfg)
-    if not cfg.trainer.resume:
+    if cfg.trainer.resume:  # may first finish a first phase that died, then start this one fresh
+        resume = _resume_phases(cfg, method, run_dir)
+    else:
+        resume = None
         _run_prerequisite(cfg, method, run_dir)
     resume_state = None
-    if cfg.trainer.resume:
+    if resume:
         try:
-            ckpt = resolve_checkpoint(cfg.trainer.resume)
+            ckpt = resolve_checkpoint(resume)
         except FileNotFoundError as e:
             raise ConfigError(str(e)) from None
         resume_state = load_state(ckpt)
@@ -297,10 +300,18 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
         # Rollout workers (and a self-teacher) start from the initial weights: sync them first.
         asyncio.run(learner.publish(start_step, workers, scorer))
 
+    def on_sigint() -> None:
+        if controller.stopping:
+            print("privy-rl: second Ctrl-C: aborting now", file=sys.stderr, flush=True)
+        else:
+            print(f"privy-rl: Ctrl-C: finishing step {controller.state.step + 1}, then saving a checkpoint "
+                  "(Ctrl-C again aborts at once)", file=sys.stderr, flush=True)
+        controller.request_stop()
+
     async def main():
         loop = asyncio.get_running_loop()
         try:
-            loop.add_signal_handler(signal.SIGINT, controller.request_stop)
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
         except (NotImplementedError, RuntimeError):  # not the main thread (e.g. under a test runner)
             pass
         return await controller.run()
@@ -315,7 +326,14 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     summary = {"steps": controller.state.step, "seconds": time.time() - t0,
                "first": history[0] if history else {}, "last": history[-1] if history else {}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    if controller.stopping and controller.state.step < cfg.trainer.total_steps:
+        raise RunStopped(f"stopped after step {controller.state.step} of {cfg.trainer.total_steps}; "
+                         f"checkpoint saved; continue with trainer.resume={run_dir}")
     return history
+
+
+class RunStopped(KeyboardInterrupt):
+    """The run stopped early on request (Ctrl-C) after checkpointing; the message says how to resume."""
 
 
 def init_weight_sync(cfg: PrivyConfig, learner, workers: list, scorer, actors: list) -> None:
@@ -348,10 +366,49 @@ def _kill(actors: list) -> None:
             pass
 
 
-def _run_prerequisite(cfg: PrivyConfig, method, run_dir: Path) -> None:
+def _phase_root(resume: str) -> Path:
+    """The run directory of a resume target: a run dir, its checkpoints dir, or a checkpoint; a
+    target inside a first phase (``RUN/phase1_teacher/...``) names its parent run."""
+    p = Path(resume).resolve()
+    for cand in (p, *p.parents):
+        if cand.name == PHASE1_DIR:
+            return cand.parent
+    return p
+
+
+def _resume_phases(cfg: PrivyConfig, method, run_dir: Path) -> str | None:
+    """``trainer.resume`` of a method with a first phase (RetireOPD): the checkpoint to resume the
+    second phase from, or None when it must start fresh after the first phase has been finished
+    (resumed from its own last checkpoint if it died, adopted as it is if it had completed)."""
+    from pipeline.checkpoint import resolve_checkpoint
+
+    pre = type(method).prerequisite(cfg.method)
+    if pre is None:
+        return cfg.trainer.resume
+    root = _phase_root(cfg.trainer.resume)
+    try:
+        return str(resolve_checkpoint(root))  # the second phase has a checkpoint: continue it
+    except FileNotFoundError:
+        pass
+    phase1 = root / PHASE1_DIR
+    if not phase1.is_dir():
+        raise ConfigError(f"trainer.resume={cfg.trainer.resume}: neither a checkpoint of this run nor of its "
+                          f"first phase ({phase1}) exists")
+    _run_prerequisite(cfg, method, run_dir, resume_from=phase1)
+    return None
+
+
+PHASE1_DIR = "phase1_teacher"
+
+
+def _run_prerequisite(cfg: PrivyConfig, method, run_dir: Path, resume_from: Path | None = None) -> None:
     """Run the phase a method depends on (RetireOPD: train its teacher with skill_grpo), then hand
-    the method the phase's final model and its last validation success rate."""
+    the method the phase's final model and its last validation success rate. ``resume_from``: an
+    earlier run's first-phase directory, continued from its last checkpoint (or adopted whole
+    when it had finished)."""
     import copy
+
+    from pipeline.checkpoint import resolve_checkpoint
 
     pre = type(method).prerequisite(cfg.method)
     if pre is None:
@@ -360,11 +417,23 @@ def _run_prerequisite(cfg: PrivyConfig, method, run_dir: Path) -> None:
     cfg1.method = pre
     cfg1.trainer.total_steps = type(method).prerequisite_steps(cfg.method)
     cfg1.trainer.resume = None
+    cfg1.trainer.run_dir = None
     if cfg1.trainer.val_every == 0:
         raise ConfigError(f"method={method.name} measures its teacher's success rate by validation: "
                           "set trainer.val_every > 0")
-    phase_dir = run_dir / "phase1_teacher"
+    final = f"step_{cfg1.trainer.total_steps:06d}"
+    if resume_from is not None:
+        try:
+            ckpt = resolve_checkpoint(resume_from)
+        except FileNotFoundError:
+            ckpt = None  # it died before its first checkpoint: train it again
+        done = type(method).finished_prerequisite(ckpt / "hf") if ckpt is not None and ckpt.name == final else None
+        if done is not None:  # it had finished: adopt it as it is
+            method.adopt_prerequisite(str(ckpt / "hf"), done)
+            return
+        cfg1.trainer.resume = str(ckpt) if ckpt is not None else None
+    phase_dir = run_dir / PHASE1_DIR
     history = run_training(cfg1, phase_dir)
     success = [h["val/success"] for h in history if "val/success" in h]
-    hf_dir = phase_dir / "checkpoints" / f"step_{cfg1.trainer.total_steps:06d}" / "hf"
+    hf_dir = phase_dir / "checkpoints" / final / "hf"
     method.adopt_prerequisite(str(hf_dir), success[-1])

@@ -38,51 +38,97 @@ class PromptTooLongError(ValueError):
     pass
 
 
+def _render(tok, messages: list[Message]) -> str:
+    return tok.apply_chat_template([m.as_dict() for m in messages], add_generation_prompt=True, tokenize=False)
+
+
+def _diff(a: str, b: str) -> tuple[int, int]:
+    """Lengths of the common prefix and of the common suffix (not overlapping it) of a and b."""
+    n = min(len(a), len(b))
+    p = 0
+    while p < n and a[p] == b[p]:
+        p += 1
+    q = 0
+    while q < n - p and a[-1 - q] == b[-1 - q]:
+        q += 1
+    return p, q
+
+
+def default_system_prompt(tok) -> str | None:
+    """The system prompt the chat template inserts when a conversation has none (SmolLM2's, Qwen's),
+    or None: found by rendering a user message alone and after a marker system message."""
+    marker = "\x1fsystem-marker\x1f"
+    alone = _render(tok, [Message(role="user", content="x")])
+    marked = _render(tok, [Message(role="system", content=marker), Message(role="user", content="x")])
+    p, q = _diff(alone, marked)
+    if marked[p:len(marked) - q] != marker:
+        return None  # the marker brought template markup with it: no default system block
+    return alone[p:len(alone) - q] or None
+
+
 class TeacherPrompts:
-    """Renders and tokenises privileged prompts with the policy's chat template."""
+    """Token ids of privileged prompts: the row's own prompt ids with the privileged text inserted.
+
+    The teacher's prompt is rendered from the row's messages with the privileged text at its
+    placement (``pipeline.privileged``) and compared with the student's rendered prompt. Where
+    the difference is a pure insertion at a token boundary of the student's ids (every placement
+    here puts it right before a template token, or in front of the whole prompt), the teacher ids
+    are ``student_ids[:k] + ids(inserted text) + student_ids[k:]``: exactly the prompt that was
+    sampled plus the privileged text, token by token. Otherwise (a template without a system
+    block of its own, say) the teacher prompt is tokenised whole.
+    """
 
     def __init__(self, tokenizer, max_total_tokens: int):
         self.tok = tokenizer
         self.max_total_tokens = max_total_tokens
-        self.lengths: list[int] = []  # prompt lengths built since the last ``pop_lengths``
+        self.default_system = default_system_prompt(tokenizer)
 
-    def _template(self, messages: list[Message]) -> str:
-        return self.tok.apply_chat_template([m.as_dict() for m in messages],
-                                            add_generation_prompt=True, tokenize=False)
-
-    def _encode(self, text: str, row: TurnRecord) -> list[int]:
-        ids = list(self.tok(text, add_special_tokens=False)["input_ids"])
+    def _check(self, ids: list[int], row: TurnRecord) -> list[int]:
         if len(ids) + row.n_response > self.max_total_tokens:
             raise PromptTooLongError(
                 f"privileged prompt of {len(ids)} tokens + {row.n_response} response tokens exceeds "
                 f"{self.max_total_tokens}: lower rollout.max_prompt_tokens or method.skill_top_k")
-        self.lengths.append(len(ids))
         return ids
 
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def _insert(self, row: TurnRecord, teacher_text: str) -> list[int]:
+        student_text = _render(self.tok, row.messages)
+        p, q = _diff(student_text, teacher_text)
+        enc = self.tok(student_text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+        pure = p + q == len(student_text) and ids == list(row.prompt_ids)
+        starts = [s for s, _ in offsets]
+        if pure and (p == len(student_text) or p in starts):
+            k = starts.index(p) if p < len(student_text) else len(ids)
+            if all(e <= p for _, e in offsets[:k]):
+                return self._check(ids[:k] + self._encode(teacher_text[p:len(teacher_text) - q]) + ids[k:], row)
+        return self._check(self._encode(teacher_text), row)
+
     def plain_ids(self, row: TurnRecord) -> list[int]:
-        return self._encode(self._template(row.messages), row)
+        return self._check(list(row.prompt_ids), row)
 
     def skills_ids(self, row: TurnRecord, skills_text: str, placement: str) -> list[int]:
-        prompt = with_privileged(row.messages, skills_text, placement)
-        return self._encode(prompt.render(self._template), row)
+        prompt = with_privileged(row.messages, skills_text, placement, self.default_system)
+        if prompt.prefix and prompt.messages == row.messages:  # raw_prefix: in front of everything
+            return self._check(self._encode(prompt.prefix) + list(row.prompt_ids), row)
+        return self._insert(row, prompt.render(lambda m: _render(self.tok, m)))
 
     def feedback_ids(self, row: TurnRecord, feedback: list[str]) -> list[int]:
         if not feedback:
             return self.plain_ids(row)
-        return self._encode(self._template(insert_feedback(row.messages, feedback)), row)
-
-    def pop_lengths(self) -> list[int]:
-        out, self.lengths = self.lengths, []
-        return out
+        return self._insert(row, _render(self.tok, insert_feedback(row.messages, feedback)))
 
 
 @dataclass
 class SkillPromptHook:
-    """Adds retrieved skills to the student's own messages (``skill_grpo``): the RetireOPD /
-    SkillRL form ``"[Privileged Skill Information]\\n{skills}\\n\\n{obs}"`` by default."""
+    """Adds retrieved skills to the student's own messages (``skill_grpo``), with the same placement
+    rules as the teacher prompts (``default_system``: the template's default system prompt)."""
 
     opts: dict
     env_name: str
+    default_system: str | None = None
 
     def __post_init__(self):
         if self.opts.get("placement", "user") == "raw_prefix":
@@ -92,4 +138,4 @@ class SkillPromptHook:
 
     def __call__(self, messages: list[Message], env) -> list[Message]:
         got = self._retriever.retrieve(env.task_text, env.task_type, seed=task_seed_of(env.task_text))
-        return with_privileged(messages, got.text, self.opts.get("placement", "user")).messages
+        return with_privileged(messages, got.text, self.opts.get("placement", "user"), self.default_system).messages

@@ -80,11 +80,22 @@ class Method:
     def adopt_prerequisite(self, hf_dir: str, success_rate: float) -> None:
         """Take the finished prerequisite run's model and its validation success rate."""
 
+    @classmethod
+    def finished_prerequisite(cls, hf_dir) -> float | None:
+        """The success rate recorded with a prerequisite run's final model if that run finished
+        (resume after a crash between the phases), else None."""
+        return None
+
     # ----- credit assignment ----------------------------------------------------------------------
     def credit(self, groups: list[EpisodeGroup], step: int) -> Credit:
         raise NotImplementedError
 
     # ----- controller hooks -----------------------------------------------------------------------
+    def after_train_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """See the learner's metrics of the step just taken (e.g. an aux term's statistics);
+        returns metrics to log."""
+        return {}
+
     def on_validation(self, step: int, success_rate: float) -> dict[str, float]:
         return {}
 

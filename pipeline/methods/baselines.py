@@ -4,13 +4,13 @@ All three use the self-teacher with retrieved skills (``source=self``, ``context
 placement ``raw_prefix`` by default), scored on every row.
 
 - ``opsd``: the SDAR term alone, ``L = lam * token_mean(g * (lpT - lp))`` with
-  ``g = sg(sigmoid(beta * (lpT - lp_old)))``; no RL loss (``policy_loss_coef = 0``; GRPO
+  ``g = sg(sigmoid(beta * (lpT - lp)))`` from the current log-probs (as SDAR's code); no RL loss (``policy_loss_coef = 0``; GRPO
   advantages are still computed and logged, the learner multiplies the policy loss by 0).
   Entropy bonus as configured in the learner. Options as ``sdar`` (beta 5, lam 0.01).
 - ``grpo_opsd``: GRPO + the SDAR term with beta = 0, i.e. a constant gate g = 0.5 (no ``beta``
   option; use ``method=sdar method.beta=0`` for the same thing under SDAR's name). lam 0.01.
 - ``skill_sd``: GRPO + lam * the K3-IS loss of ``pipeline.losses.k3_is`` (``l = lp - lpT``,
-  ``k3 = exp(min(-l, 20)) - 1 + l``, ``rho = exp(min(lp - lp_old, 10))``, ``token_mean(rho * k3)``)
+  ``k3 = exp(min(-l, 20)) - 1 + l``, ``rho = exp(min(lp - lp_prox, 10))``, ``token_mean(rho * k3)``)
   against the self-teacher; lam = 0.001.
 
 The gated terms keep SDAR's metric prefix ``sdar/`` (they are the SDAR term); ``skill_sd``

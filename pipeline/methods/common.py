@@ -91,6 +91,3 @@ def teacher_rows(groups: list[EpisodeGroup], method: str) -> list[list[float]]:
         out.append([float(x) for x in row.teacher_logprobs])
     return out
 
-
-def behaviour_rows(groups: list[EpisodeGroup]) -> list[list[float]]:
-    return [[float(x) for x in t.behaviour_logprobs] for g in groups for t in g.rows()]

@@ -17,10 +17,12 @@ Two phases, one command:
 Credit while the teacher is active: GRPO row advantages broadcast to tokens, aux
 ``teacher_logprobs`` and ``AuxTerm(name="opd", kind="k3_is", coef=lam)``::
 
-    l = lp - lpT,  k3 = exp(min(-l, 20)) - 1 + l,  rho = exp(min(lp - lp_old, 10))  (not detached)
+    l = lp - lpT,  k3 = exp(min(-l, 20)) - 1 + l,  rho = exp(min(lp - lp_prox, 10))  (not detached)
     L = L_PPO + lam * token_mean(rho * k3)          lam = 0.01, no KL to reference
 
-and ``K_n = token_mean(lp_old - lpT)`` recorded into ``pipeline.retirement.RetirementController``
+and, after the learner's step, ``K_n = token_mean(lp_prox - lpT)`` (the learner's ``opd/alignment``:
+its own log-probs before the update, never the engine's) recorded into
+``pipeline.retirement.RetirementController``
 (windows of W = 5 steps; at each window end the validation success rate closes the window;
 retire at the first m >= 2 with ``rho_m >= delta`` and ``eta_m >= gamma``). Once retired,
 ``teacher_active`` is False (no teacher forward), credit is plain GRPO, lam is 0 for good.
@@ -51,9 +53,9 @@ from pathlib import Path
 
 from pipeline.batching import Credit
 from pipeline.methods.base import TeacherSpec, parse_options, register_method
-from pipeline.methods.common import SkillFields, behaviour_rows, check_types, require, teacher_rows
+from pipeline.methods.common import SkillFields, check_types, require, teacher_rows
 from pipeline.methods.grpo import GRPO, broadcast
-from pipeline.retirement import RetirementController, step_alignment
+from pipeline.retirement import RetirementController
 from pipeline.types import AuxTerm, EpisodeGroup
 
 TEACHER_META = "teacher.json"  # next to the phase-1 teacher's HF weights
@@ -147,6 +149,11 @@ class RetireOPD(GRPO):
         self.teacher_success_rate = float(success_rate)
         self.controller = self._new_controller(self.teacher_success_rate)
 
+    @classmethod
+    def finished_prerequisite(cls, hf_dir) -> float | None:
+        """SR_T from ``teacher.json``, which ``adopt_prerequisite`` writes when phase 1 has finished."""
+        return read_teacher_success_rate(hf_dir) if (Path(hf_dir) / TEACHER_META).exists() else None
+
     def required_val_every(self) -> int:
         """``trainer.val_every`` this method needs: windows close on validation."""
         return self.opts.window
@@ -186,11 +193,16 @@ class RetireOPD(GRPO):
             raise RuntimeError(f"retire_opd: a window of {ctrl.window} steps ended before step {step + 1} "
                                "without a validation; set trainer.val_every="
                                f"{self.required_val_every()} (= method.window)")
-        lpt = teacher_rows(groups, self.name)
-        k = step_alignment(behaviour_rows(groups), lpt)
-        metrics.update(ctrl.record_step(step + 1, k))
-        return Credit(advantages=advantages, aux={"teacher_logprobs": lpt},
+        return Credit(advantages=advantages, aux={"teacher_logprobs": teacher_rows(groups, self.name)},
                       aux_terms=[AuxTerm(name="opd", kind="k3_is", coef=self.opts.lam)], metrics=metrics)
+
+    def after_train_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Record ``K_n = token_mean(lp_prox - lpT)``: the learner's ``opd/alignment`` over the
+        step's tokens (its own log-probs before the update, not the engine's)."""
+        ctrl = self.controller
+        if ctrl is None or ctrl.retired or "opd/alignment" not in metrics:
+            return {} if ctrl is None else ctrl.metrics()
+        return ctrl.record_step(step + 1, float(metrics["opd/alignment"]))
 
     # ----- controller hooks ------------------------------------------------------------------------
     def on_validation(self, step: int, success_rate: float) -> dict[str, float]:

@@ -38,3 +38,65 @@ def test_bad_launches_fail_with_one_line(tmp_path, args, needle):
     lines = [x for x in r.stderr.splitlines() if x.startswith("privy-rl:")]
     assert lines and lines[0].startswith(needle), r.stderr[-2000:]
     assert "Traceback" not in r.stderr
+
+
+def _launch(args, cwd):
+    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_steps(metrics: Path, n: int, proc, timeout: float = 300) -> int:
+    import time
+
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        if len(lines) >= n:
+            return len(lines)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"no {n} steps within {timeout} s")
+
+
+LONG = ["model=tiny", "env=keyword", "trainer.total_steps=500", "trainer.val_every=0", "trainer.ckpt_every=0",
+        "rollout.max_new_tokens=48", "rollout.group_size=8", "trainer.groups_per_step=2", "logger.progress=false"]
+
+
+@pytest.mark.integration
+def test_ctrl_c_finishes_the_step_checkpoints_and_the_run_resumes(tmp_path):
+    import json
+    import signal
+
+    run_dir = tmp_path / "run"
+    proc = _launch([*LONG, f"trainer.run_dir={run_dir}"], tmp_path)
+    seen = _wait_for_steps(run_dir / "metrics.jsonl", 2, proc)
+    proc.send_signal(signal.SIGINT)  # most of a tiny step is rollout: the signal lands in one
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= seen
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert latest == f"step_{steps[-1]:06d}", "the checkpoint is not of the last finished step"
+    assert f"stopped after step {steps[-1]} of 500" in err and f"trainer.resume={run_dir}" in err
+    assert "Traceback" not in err
+    resumed = train([*LONG[:2], f"trainer.total_steps={steps[-1] + 1}", *LONG[3:], f"trainer.run_dir={run_dir}",
+                     f"trainer.resume={run_dir}"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == steps[-2] + 1
+
+
+@pytest.mark.integration
+def test_a_second_ctrl_c_aborts_at_once(tmp_path):
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    proc = _launch([*LONG, f"trainer.run_dir={run_dir}"], tmp_path)
+    _wait_for_steps(run_dir / "metrics.jsonl", 1, proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "privy-rl: interrupted" in err and "Traceback" not in err

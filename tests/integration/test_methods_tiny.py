@@ -46,6 +46,19 @@ def test_targeted_guidance_distils_on_failed_turns(ray_local, tmp_path, estimato
     assert "tg/loss" in last
 
 
+@pytest.mark.parametrize("estimator", ["full", "sampled"])
+def test_targeted_guidance_on_code_edit_with_tool_messages_distils_failed_turns(ray_local, tmp_path, estimator):
+    # tool_role=tool (Qwen-style templates): prompts after turn 0 end with a tool message, and the
+    # feedback must go right before the response there too (a user turn after the tool result).
+    cfg = compose(BASE + ["env=code_edit", "+env.options.tool_role=tool", "+env.options.max_turns=2",
+                          "rollout.max_prompt_tokens=2048", "rollout.group_size=2", "trainer.groups_per_step=1",
+                          "method=targeted_guidance", f"method.estimator={estimator}", "trainer.total_steps=1"])
+    history = run_training(cfg, tmp_path)
+    last = history[-1]
+    assert last["rollout/turns_per_episode"] == 2.0  # the tiny model never finishes: two turns each
+    assert last["tg/failed_turn_fraction"] > 0 and "tg/loss" in last
+
+
 def test_retire_opd_trains_its_teacher_retires_it_and_stays_retired_after_resume(ray_local, tmp_path):
     over = BASE + ["method=retire_opd", "method.phase1_steps=2", "method.window=1",
                    "trainer.val_every=1", "trainer.val_tasks=2", "method.gamma=0.01",

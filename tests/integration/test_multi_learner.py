@@ -74,14 +74,35 @@ def _make_batch(model_dir, seed: int = 0, rows: int = 8) -> TrainBatch:
                       entropy_coef=0.001, versions=[0] * rows)
 
 
-def _cfg(zero_stage: int) -> LearnerConfig:
-    # A micro-batch budget below every row's length: each row is a micro-batch of its own, so every
-    # rank accumulates over several micro-batches per mini-batch (and ZeRO-3's accumulation counts).
+def _cfg(zero_stage: int, budget: int = 8) -> LearnerConfig:
+    # By default a micro-batch budget below every row's length: each row is a micro-batch of its
+    # own, so every rank accumulates over several micro-batches per mini-batch (and ZeRO-3's
+    # accumulation counts).
     return LearnerConfig(zero_stage=zero_stage, precision="fp32", lr=LR, grad_clip=1.0,
-                         micro_batch_tokens=8, num_cpus=0.5)
+                         micro_batch_tokens=budget, num_cpus=0.5)
 
 
-def _step(ray, model_dir, batch: TrainBatch, *, world_size: int, zero_stage: int):
+def _uneven_batch(model_dir) -> TrainBatch:
+    """Per mini-batch of 4 rows, rank 0's two rows are long (40 tokens: one micro-batch each under
+    a 48-token budget) and rank 1's two are short (12 tokens: one micro-batch together), so the
+    ranks cut different numbers of micro-batches."""
+    g = torch.Generator().manual_seed(2)
+    lengths = [(30, 10), (28, 12), (8, 4), (7, 5)] * 2
+    T = 40
+    ids = torch.zeros(8, T, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    resp = torch.zeros(8, T)
+    for b, (p, r) in enumerate(lengths):
+        ids[b, :p + r] = torch.randint(0, 500, (p + r,), generator=g)
+        attn[b, :p + r] = 1
+        resp[b, p:p + r] = 1.0
+    adv = torch.randn(8, 1, generator=g).expand(8, T) * resp
+    return TrainBatch(input_ids=ids, attention_mask=attn, response_mask=resp,
+                      behaviour_logprobs=(-2.0 * resp).contiguous(), advantages=adv.contiguous(),
+                      entropy_coef=0.001, versions=[0] * 8)
+
+
+def _step(ray, model_dir, batch: TrainBatch, *, world_size: int, zero_stage: int, budget: int = 8):
     """Start ``world_size`` learner actors, take one train_step on two mini-batches through
     LearnerGroup, return (metrics, rank-0 weights); always kill the actors."""
     from actors.learner import LearnerActor
@@ -93,7 +114,7 @@ def _step(ray, model_dir, batch: TrainBatch, *, world_size: int, zero_stage: int
     env = {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
     t0 = time.time()
     ranks = [cls.options(num_cpus=0.5, runtime_env=env).remote(
-        _cfg(zero_stage), str(model_dir), temperature=1.0, total_steps=10, rank=r,
+        _cfg(zero_stage, budget), str(model_dir), temperature=1.0, total_steps=10, rank=r,
         world_size=world_size, seed=0, master_addr="127.0.0.1", master_port=port)
         for r in range(world_size)]
     try:
@@ -105,8 +126,8 @@ def _step(ray, model_dir, batch: TrainBatch, *, world_size: int, zero_stage: int
         metrics = asyncio.run(asyncio.wait_for(group.train_step(minibatches), TIMEOUT))
         t2 = time.time()
         packets = ray.get([rk.weight_packet.remote(2) for rk in ranks], timeout=TIMEOUT)
-        TIMINGS[f"ws{world_size}_zero{zero_stage}"] = t2 - t1
-        TIMINGS[f"ws{world_size}_zero{zero_stage}_setup"] = t1 - t0
+        TIMINGS[f"ws{world_size}_zero{zero_stage}_b{budget}"] = t2 - t1
+        TIMINGS[f"ws{world_size}_zero{zero_stage}_b{budget}_setup"] = t1 - t0
         return metrics, packets[0].state_dict
     finally:
         for rk in ranks:
@@ -158,6 +179,32 @@ def test_two_ranks_report_the_same_metrics_as_one(single, double):
            if metrics2.get(k) is None or metrics2[k] != pytest.approx(metrics1[k], rel=1e-4, abs=1e-6)}
     assert not bad, f"metrics differ between M=1 and M=2 as (M=1, M=2): {bad}"
     assert metrics2["learner/tokens"] == metrics1["learner/tokens"]
+
+
+def _assert_same_step(sd1, sd2, init) -> None:
+    moved = max((sd1[k] - init[k]).abs().max().item() for k in init if k in sd1)
+    assert moved > 0.5 * LR, f"the reference step barely moved the weights ({moved:.2e})"
+    worst = {k: (sd2[k].float() - sd1[k].float()).abs().max().item() for k in sd1}
+    name, err = max(worst.items(), key=lambda kv: kv[1])
+    assert err <= W_ATOL, f"M=2 weights differ from M=1 by {err:.3e} in {name} (tol {W_ATOL:.1e})"
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_ranks_with_different_micro_batch_counts_take_the_same_step_as_one(ray_local, tiny_model_dir, zero_stage):
+    """Rows of very different lengths: rank 0 cuts 2 micro-batches per mini-batch, rank 1 one. The
+    ranks pad to the same count (ZeRO-2 reduces and ZeRO-3 gathers inside every backward and
+    forward: unequal counts abort with a collective mismatch on gloo and hang on NCCL)."""
+    from safetensors.torch import load_file
+
+    from pipeline.microbatch import slice_rows, split_by_tokens, split_rows
+
+    batch = _uneven_batch(tiny_model_dir)
+    shards = split_rows(slice_rows(batch, 0, batch.n_rows // 2), 2)
+    assert [len(split_by_tokens(s, 48)) for s in shards] == [2, 1]
+    _, sd1 = _step(ray_local, tiny_model_dir, batch, world_size=1, zero_stage=zero_stage, budget=48)
+    _, sd2 = _step(ray_local, tiny_model_dir, batch, world_size=2, zero_stage=zero_stage, budget=48)
+    init = load_file(str(next(tiny_model_dir.glob("*.safetensors"))))
+    _assert_same_step(sd1, sd2, init)
 
 
 def teardown_module(module):  # noqa: ARG001 - report the measured step times with -s / -rA

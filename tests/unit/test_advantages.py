@@ -110,7 +110,11 @@ def ref_adrs(rows, lps, base, strength, *, eta_s, level, tva_apply, std_mode, pe
     groups = sorted({r.group for r in rows}, key=str)
     shaped = {g: sum(r.group == g for r in rows) >= 2 and strength[[r.group for r in rows].index(g)] >= EPS
               for g in groups}
-    good = sorted(strength[[r.group for r in rows].index(g)] for g in groups if shaped[g])
+    # The reference's median: every group with an env signal, a single-row group counting as
+    # std 1 (verl's std of one score); zero-std groups left out.
+    def median_strength(g):
+        return 1.0 if sum(r.group == g for r in rows) < 2 else strength[[r.group for r in rows].index(g)]
+    good = sorted(median_strength(g) for g in groups if median_strength(g) >= EPS)
     median = good[(len(good) - 1) // 2] if good else None
     out = [[base[i]] * len(lps[i]) for i in range(n)]
     for g in groups:
@@ -120,7 +124,7 @@ def ref_adrs(rows, lps, base, strength, *, eta_s, level, tva_apply, std_mode, pe
         sig = {i: [(gate[i] if tva_apply == "paper" else 1.0) * v for v in qhat[i]] for i in members}
         flat = [v for i in members for v in sig[i]]
         mu, var = statistics.mean(flat), statistics.variance(flat)
-        c = clip * min(strength[members[0]] / median, 1.0)
+        c = clip * min(strength[members[0]] / (median + EPS), 1.0)
         for i in members:
             for t, v in enumerate(sig[i]):
                 z = (v - mu) / math.sqrt(var + 1e-8)
@@ -333,12 +337,28 @@ def test_adrs_adaptive_clip_scales_the_clip_by_the_groups_std_relative_to_the_me
     out, m = adrs_advantages(rows, lps, base, eta_s=100.0, clip=0.2)
     std = base.strength.tolist()
     for i, tokens in enumerate(out):
-        c = 0.2 * min(std[i] / std[2], 1.0)  # median of the three stds is group 1's
+        c = 0.2 * min(std[i] / (std[2] + EPS), 1.0)  # median of the three stds is group 1's
         shaping = [v - base.advantages[i].item() for v in tokens.tolist()]
         assert [abs(s) for s in shaping] == pytest.approx([c, c], rel=1e-5)
     assert m["adrs/clip_fraction"] == 1.0
     out_fixed, _ = adrs_advantages(rows, lps, base, eta_s=100.0, clip=0.2, adaptive_clip=False)
     assert (out_fixed[0] - base.advantages[0]).abs().tolist() == pytest.approx([0.2, 0.2], rel=1e-5)
+
+
+def test_adrs_adaptive_clip_median_counts_single_row_groups_as_the_reference_does():
+    # Two shaped groups (stds 0.354, 0.707) and three single-row groups, which the reference
+    # counts with std 1 in the median: median 1, so the clips are 0.2 * std / (1 + 1e-6).
+    rows = [row(0, 0, 0, 0.0), row(0, 1, 0, 0.5), row(1, 0, 0, 0.0), row(1, 1, 0, 1.0),
+            row(2, 0, 0, 1.0), row(3, 0, 0, 0.0), row(4, 0, 0, 1.0)]
+    lps = [[-1.0, -2.0], [-3.0, -1.0]] * 2 + [[-1.0, -2.0]] * 3
+    base = grpo_advantages(rows)
+    out, _ = adrs_advantages(rows, lps, base, eta_s=100.0, clip=0.2)
+    std = base.strength.tolist()
+    for i in range(4):
+        c = 0.2 * std[i] / (1.0 + EPS)
+        assert (out[i] - base.advantages[i]).abs().tolist() == pytest.approx([c, c], rel=1e-5)
+    for i in range(4, 7):  # single rows are not shaped
+        assert out[i].tolist() == pytest.approx([base.advantages[i].item()] * 2)
 
 
 def test_adrs_leaves_single_row_and_zero_std_groups_unshaped():

@@ -16,9 +16,10 @@ from pipeline.types import Episode, EpisodeGroup, TurnRecord
 
 
 class FakeWorker:
-    def __init__(self, delay: float):
+    def __init__(self, delay: float, name: str = "t"):
         self.version = 0
         self.delay = delay
+        self.name = name
         self.seeds = []
 
     async def run_group(self, *, task_seed, split, group_size, temperature, sample_seed, **_):
@@ -30,9 +31,9 @@ class FakeWorker:
         for e in range(group_size):
             turn = TurnRecord(prompt_ids=[1, 2], response_ids=[3, 4], behaviour_logprobs=[-1.0, -1.0],
                               policy_version=start_version, turn_index=0, messages=[])
-            eps.append(Episode(task_id="t", env_name="fake", seed=task_seed, turns=[turn],
+            eps.append(Episode(task_id=self.name, env_name="fake", seed=task_seed, turns=[turn],
                                reward=float(rng.random() < 0.5), won=False))
-        return EpisodeGroup(task_id="t", seed=task_seed, episodes=eps, rollout_seconds=self.delay,
+        return EpisodeGroup(task_id=self.name, seed=task_seed, episodes=eps, rollout_seconds=self.delay,
                             n_generated_tokens=2 * group_size)
 
     async def set_weights(self, packet):
@@ -84,7 +85,7 @@ def test_fake_lag_zero_trains_every_step_on_groups_of_the_current_version():
     assert len(history) == 4
     for step, versions in enumerate(learner.trained_versions):
         assert set(versions) == {step}
-    assert ctl.buffer.stats.dropped_stale == 0
+    assert ctl.buffer.stats.consumed == 8 and ctl.buffer.in_flight == 0
 
 
 def test_fake_lag_one_overlaps_rollout_with_training_and_stays_within_the_bound():
@@ -94,6 +95,33 @@ def test_fake_lag_one_overlaps_rollout_with_training_and_stays_within_the_bound(
     assert max(lags) <= 1
     assert any(lag == 1 for lag in lags)  # rollout ran ahead while the learner trained
     assert all(h["rollout/policy_lag_max"] <= 1 for h in history)
+
+
+def test_fake_lag_one_trains_the_slow_workers_groups_within_the_bound():
+    """Two fast workers and one seven times slower at lag 1: the slow worker's groups are trained
+    (the buffer waits for a group that is due instead of dropping it), and no group is too old."""
+    import pipeline.controller as controller_module
+
+    learner = FakeLearner(0.02)
+    trained: list[list[str]] = []
+    real = controller_module.rows_of
+
+    def spy(groups):
+        trained.append([g.task_id for g in groups])
+        return real(groups)
+
+    controller_module.rows_of = spy
+    try:
+        workers = [FakeWorker(0.02, "fast0"), FakeWorker(0.02, "fast1"), FakeWorker(0.14, "slow")]
+        ctl, history = run(make_cfg(lag=1, steps=12), workers, learner)
+    finally:
+        controller_module.rows_of = real
+    flat = [t for step in trained for t in step]
+    assert flat.count("slow") >= 2, trained
+    lags = [step - min(v) for step, v in enumerate(learner.trained_versions)]
+    assert max(lags) <= 1
+    m = history[-1]
+    assert m["buffer/completed"] - m["buffer/consumed"] <= 4  # nothing piles up or is dropped
 
 
 def test_fake_task_seeds_follow_the_deterministic_stream():

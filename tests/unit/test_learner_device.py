@@ -2,6 +2,7 @@
 sections, moving a TrainBatch to the engine's device, and when DS_ACCELERATOR=cpu is forced."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from actors.learner import ds_config
@@ -57,3 +58,17 @@ def test_ds_accelerator_is_forced_to_cpu_only_without_cuda():
         assert "DS_ACCELERATOR" not in RUNTIME_ENV_DEFAULTS
     else:
         assert RUNTIME_ENV_DEFAULTS["DS_ACCELERATOR"] == "cpu"
+
+
+def test_lr_schedule_spans_every_optimizer_step_when_a_step_has_several_mini_batches():
+    from actors.learner import lr_lambda
+
+    total, k = 4, 2  # 4 training steps of 2 mini-batches = 8 optimizer steps
+    cosine = lr_lambda(LearnerConfig(lr_schedule="cosine", mini_batches=k), total)
+    lrs = [cosine(i) for i in range(total * k)]
+    assert lrs[0] == 1.0 and lrs[total * k // 2] == pytest.approx(0.5)  # halfway through the run
+    assert all(a > b for a, b in zip(lrs, lrs[1:])) and lrs[-1] > 0  # 0 only after the last step
+    one = lr_lambda(LearnerConfig(lr_schedule="cosine", mini_batches=1), total)
+    assert [cosine(2 * i) for i in range(total)] == pytest.approx([one(i) for i in range(total)])
+    warm = lr_lambda(LearnerConfig(warmup_steps=2, mini_batches=k), total)
+    assert [warm(i) for i in range(5)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])

@@ -1,6 +1,7 @@
 """pipeline.losses: closed forms, slow per-token references, gradient signs, aggregation."""
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -311,7 +312,7 @@ def test_gated_surrogate_value_and_gradient_match_the_closed_form():
     g = sdar_gate(teacher, old, beta=5.0)
     mask = torch.tensor([[1.0, 1.0, 1.0]])
     aux = {"teacher_logprobs": teacher, "distill_weight": g}
-    loss, m = gated_surrogate(lp, mask, aux, 5, old_logprobs=old)
+    loss, m = gated_surrogate(lp, mask, aux, 5, proximal_logprobs=old)
     assert loss.item() == pytest.approx(float((g * (teacher - lp.detach())).sum()) / 5)
     loss.backward()
     assert torch.allclose(lp.grad, -g / 5)  # gated push-up: weaker where the teacher rejects
@@ -325,7 +326,7 @@ def test_gated_surrogate_gives_no_gradient_to_teacher_or_gate_and_respects_disti
     gate = torch.tensor([[0.7, 0.9]], requires_grad=True)
     lp = torch.tensor([[-1.5, -1.0]], requires_grad=True)
     aux = {"teacher_logprobs": teacher, "distill_weight": gate, "distill_mask": torch.tensor([[0.0, 1.0]])}
-    loss, _ = gated_surrogate(lp, torch.ones(1, 2), aux, 2, old_logprobs=lp.detach())
+    loss, _ = gated_surrogate(lp, torch.ones(1, 2), aux, 2, proximal_logprobs=lp.detach())
     loss.backward()
     assert teacher.grad is None and gate.grad is None
     assert lp.grad[0].tolist() == pytest.approx([0.0, -0.9 / 2])
@@ -347,7 +348,7 @@ def test_k3_is_value_and_gradient_match_autograd_of_the_direct_formula(seed):
     distill = (torch.rand(3, 5, generator=g) > 0.3).double()
     n = 17.0
     lp = lp0.clone().requires_grad_(True)
-    loss, _ = k3_is(lp, mask, {"teacher_logprobs": teacher, "distill_mask": distill}, n, old_logprobs=old)
+    loss, _ = k3_is(lp, mask, {"teacher_logprobs": teacher, "distill_mask": distill}, n, proximal_logprobs=old)
     loss.backward()
 
     ref_lp = lp0.clone().requires_grad_(True)
@@ -367,7 +368,7 @@ def test_k3_is_value_and_gradient_match_autograd_of_the_direct_formula(seed):
 
 def test_k3_is_is_zero_with_zero_gradient_on_policy_when_student_matches_teacher():
     lp = torch.tensor([[-0.7, -1.1]], requires_grad=True)
-    loss, m = k3_is(lp, torch.ones(1, 2), {"teacher_logprobs": lp.detach().clone()}, 2, old_logprobs=lp.detach())
+    loss, m = k3_is(lp, torch.ones(1, 2), {"teacher_logprobs": lp.detach().clone()}, 2, proximal_logprobs=lp.detach())
     loss.backward()
     assert loss.item() == 0.0 and torch.all(lp.grad == 0)
     assert m["rho_mean"].item() == pytest.approx(1.0)
@@ -376,7 +377,7 @@ def test_k3_is_is_zero_with_zero_gradient_on_policy_when_student_matches_teacher
 def test_k3_is_rho_is_not_detached_so_it_adds_k3_times_rho_to_the_gradient():
     lp = torch.tensor([[-1.0]], requires_grad=True)
     teacher, old = torch.tensor([[-2.0]]), torch.tensor([[-1.5]])
-    loss, _ = k3_is(lp, torch.ones(1, 1), {"teacher_logprobs": teacher}, 1, old_logprobs=old)
+    loss, _ = k3_is(lp, torch.ones(1, 1), {"teacher_logprobs": teacher}, 1, proximal_logprobs=old)
     loss.backward()
     ell, rho = 1.0, math.exp(0.5)
     k3 = math.exp(-ell) - 1 + ell
@@ -400,7 +401,7 @@ def _tg_case(seed: int):
 def test_full_kl_equals_a_direct_sum_p_log_p_over_q_on_selected_tokens_over_all_tokens(seed):
     mask, distill, student, teacher = _tg_case(seed)
     n_all = 11.0  # all valid response tokens of the mini-batch, larger than this micro-batch
-    loss, m = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, n_all, old_logprobs=torch.zeros(2, 4),
+    loss, m = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, n_all, proximal_logprobs=torch.zeros(2, 4),
                       student_logits=student, teacher_logits=teacher)
     selected = distill[mask > 0].bool()  # rows of the logits, in mask.nonzero() order
     direct = 0.0
@@ -417,7 +418,7 @@ def test_full_kl_equals_a_direct_sum_p_log_p_over_q_on_selected_tokens_over_all_
 
 def test_full_kl_has_zero_gradient_into_the_teacher_and_none_on_unselected_rows():
     mask, distill, student, teacher = _tg_case(0)
-    loss, _ = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 6, old_logprobs=torch.zeros(2, 4),
+    loss, _ = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 6, proximal_logprobs=torch.zeros(2, 4),
                       student_logits=student, teacher_logits=teacher)
     loss.backward()
     assert teacher.grad is None
@@ -428,7 +429,7 @@ def test_full_kl_has_zero_gradient_into_the_teacher_and_none_on_unselected_rows(
 
 def test_full_kl_is_normalised_by_all_tokens_not_by_the_failed_turn_tokens():
     mask, distill, student, teacher = _tg_case(1)
-    args = dict(old_logprobs=torch.zeros(2, 4), student_logits=student, teacher_logits=teacher)
+    args = dict(proximal_logprobs=torch.zeros(2, 4), student_logits=student, teacher_logits=teacher)
     small, _ = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 6, **args)
     large, _ = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 60, **args)
     assert small.item() == pytest.approx(10 * large.item())
@@ -436,7 +437,7 @@ def test_full_kl_is_normalised_by_all_tokens_not_by_the_failed_turn_tokens():
 
 def test_full_kl_is_zero_when_the_teacher_logits_equal_the_student_logits():
     mask, distill, student, _ = _tg_case(2)
-    loss, _ = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 6, old_logprobs=torch.zeros(2, 4),
+    loss, _ = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 6, proximal_logprobs=torch.zeros(2, 4),
                       student_logits=student, teacher_logits=student.detach().clone())
     assert loss.item() == pytest.approx(0.0, abs=1e-12)
 
@@ -444,7 +445,7 @@ def test_full_kl_is_zero_when_the_teacher_logits_equal_the_student_logits():
 def test_full_kl_rejects_logits_that_do_not_cover_the_response_tokens():
     mask, distill, student, teacher = _tg_case(0)
     with pytest.raises(ValueError, match="response tokens"):
-        full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 6, old_logprobs=torch.zeros(2, 4),
+        full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 6, proximal_logprobs=torch.zeros(2, 4),
                 student_logits=student[:3], teacher_logits=teacher[:3])
 
 
@@ -458,7 +459,7 @@ def test_aux_registry_names_the_three_kinds_with_one_signature():
     aux = {"teacher_logprobs": lp - 0.1, "distill_weight": torch.full((1, 2), 0.5)}
     logits = torch.zeros(2, 3)
     for kind, fn in AUX_LOSSES.items():
-        loss, metrics = fn(lp, mask, aux, 2, old_logprobs=lp, student_logits=logits, teacher_logits=logits)
+        loss, metrics = fn(lp, mask, aux, 2, proximal_logprobs=lp, student_logits=logits, teacher_logits=logits)
         assert loss.dim() == 0 and "loss" in metrics, kind
 
 
@@ -467,9 +468,28 @@ def test_gated_surrogate_with_beta_gates_by_the_current_logprobs_and_the_gate_ha
     lp = torch.randn(2, 5, requires_grad=True)
     lpt = torch.randn(2, 5)
     mask = torch.ones(2, 5)
-    loss, m = gated_surrogate(lp, mask, {"teacher_logprobs": lpt}, 10, old_logprobs=torch.zeros(2, 5), beta=5.0)
+    loss, m = gated_surrogate(lp, mask, {"teacher_logprobs": lpt}, 10, proximal_logprobs=torch.zeros(2, 5), beta=5.0)
     gate = torch.sigmoid(5.0 * (lpt - lp.detach()))
     assert torch.allclose(loss, (gate * (lpt - lp.detach())).sum() / 10)
     loss.backward()
     assert torch.allclose(lp.grad, -gate / 10)  # the gate itself is detached
     assert torch.allclose(m["gate_mean"], gate.mean() * 10 / 10)
+
+
+def test_k3_is_weight_and_alignment_use_the_learners_proximal_logprobs_only():
+    # The behaviour (engine) log-probs never enter k3_is: with a bf16 engine they are off by up
+    # to 0.3 nats, and exp of that gap would scale the distillation gradient.
+    g = torch.Generator().manual_seed(3)
+    lp0 = -torch.rand(2, 6, generator=g) * 3
+    teacher = -torch.rand(2, 6, generator=g) * 3
+    mask = torch.ones(2, 6)
+    prox = lp0.clone()
+    lp = lp0.clone().requires_grad_(True)
+    loss, m = k3_is(lp, mask, {"teacher_logprobs": teacher}, 12, proximal_logprobs=prox)
+    loss.backward()
+    assert m["rho_mean"].item() == pytest.approx(1.0)  # on-policy at the step's first update
+    assert m["alignment"].item() == pytest.approx((prox - teacher).mean().item())
+    ell = lp0 - teacher
+    grad = (torch.exp(-ell) - 1 + ell) + (1 - torch.exp(-ell))  # rho * k3' + k3 * rho' at rho = 1
+    assert torch.allclose(lp.grad, grad / 12, atol=1e-6)
+    assert "old_logprobs" not in inspect.signature(k3_is).parameters

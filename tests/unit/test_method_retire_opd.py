@@ -11,7 +11,7 @@ from pipeline.methods.retire_opd import TEACHER_META, read_teacher_success_rate,
 
 
 def groups_with_alignment(k: float):
-    """Two groups whose rows all have lp_old - lpT = k, so K_n = k."""
+    """Two groups whose rows all have lp_old - lpT = k (the engine's view: K_n is the learner's)."""
     def t(index, old):
         return turn(index, old, lpt=[o - k for o in old])
 
@@ -34,6 +34,7 @@ def run_steps(m, ks_and_srs, *, window: int, start: int = 0):
         if m.teacher_active(step):
             asked.append(step)
             m.credit(groups_with_alignment(k), step)
+            m.after_train_step(step, {"opd/alignment": k})  # the learner's K_n of this step
         else:
             credit = m.credit(groups_with_alignment(k), step)
             assert credit.aux_terms == [] and credit.aux == {}
@@ -58,8 +59,16 @@ def test_opd_credit_is_grpo_plus_k3_is_towards_the_frozen_teacher():
     assert credit.aux == {"teacher_logprobs": [r.teacher_logprobs for r in rows]}
     want = grpo_advantages(rows_from_groups(groups), invalid_penalty=PENALTY).advantages.tolist()
     assert [a[0] for a in credit.advantages] == pytest.approx(want)
-    assert credit.metrics["opd/K"] == pytest.approx(0.25)
-    assert credit.metrics["opd/retired"] == 0.0
+
+
+def test_k_n_is_the_learners_alignment_metric_not_the_engines_logprobs():
+    m = method()
+    groups = groups_with_alignment(0.25)  # behaviour log-probs say lp_old - lpT = 0.25
+    m.credit(groups, 0)
+    out = m.after_train_step(0, {"opd/alignment": 0.4, "opd/loss": 0.1})  # the learner measured 0.4
+    assert out["opd/K"] == pytest.approx(0.4) and out["opd/retired"] == 0.0
+    assert m.controller.pending == [0.4]
+
 
 
 def test_teacher_is_asked_for_until_retirement_and_never_after():
@@ -110,8 +119,9 @@ def test_state_dict_round_trip_mid_window_continues_the_same_decision():
 def test_a_window_without_validation_says_to_set_val_every():
     m = method(window=2)
     assert m.required_val_every() == 2
-    m.credit(groups_with_alignment(1.0), 0)
-    m.credit(groups_with_alignment(1.0), 1)
+    for step in (0, 1):
+        m.credit(groups_with_alignment(1.0), step)
+        m.after_train_step(step, {"opd/alignment": 1.0})
     with pytest.raises(RuntimeError, match="trainer.val_every=2"):
         m.credit(groups_with_alignment(1.0), 2)
 
@@ -119,8 +129,10 @@ def test_a_window_without_validation_says_to_set_val_every():
 def test_validations_between_window_ends_are_ignored():
     m = method(window=2)
     m.credit(groups_with_alignment(1.0), 0)
+    m.after_train_step(0, {"opd/alignment": 1.0})
     assert "opd/Kbar" not in m.on_validation(1, 0.9)
     m.credit(groups_with_alignment(1.0), 1)
+    m.after_train_step(1, {"opd/alignment": 1.0})
     assert m.on_validation(2, 0.3)["opd/Kbar"] == pytest.approx(1.0)
 
 

@@ -127,7 +127,7 @@ def test_every_method_credit_fits_the_train_batch_builder(name):
         assert term.kind != "full_kl" or batch.teacher_input_ids is not None
         if term.kind not in AUX_NEEDS_LOGITS:  # the loss runs on the batch as the learner hands it over
             loss, _ = AUX_LOSSES[term.kind](batch.behaviour_logprobs.clone().requires_grad_(), batch.response_mask,
-                                            batch.aux, batch.n_tokens, old_logprobs=batch.behaviour_logprobs,
+                                            batch.aux, batch.n_tokens, proximal_logprobs=batch.behaviour_logprobs,
                                             **term.params)
             assert torch.isfinite(loss)
 
@@ -194,7 +194,7 @@ def _learner_gate_mean(groups, credit) -> tuple[float, dict]:
     batch = build_train_batch(rows_of(groups), credit, pad_id=0, default_entropy_coef=0.0)
     [term] = batch.aux_terms
     _, m = AUX_LOSSES[term.kind](batch.behaviour_logprobs.clone(), batch.response_mask, batch.aux,
-                                 batch.n_tokens, old_logprobs=batch.behaviour_logprobs, **term.params)
+                                 batch.n_tokens, proximal_logprobs=batch.behaviour_logprobs, **term.params)
     return float(m["gate_mean"]), m
 
 

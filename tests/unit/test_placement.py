@@ -137,25 +137,35 @@ def test_local_launch_without_gpus_fails_when_gpus_are_asked():
 
 
 # ----- the conf/cluster/gpu_* configs ------------------------------------------------------------
-def test_gpu_1x8_config_is_four_learners_and_four_engines_packed_on_eight_gpus():
+def test_gpu_1x8_config_is_four_learners_three_engines_and_the_scorer_on_eight_gpus():
     cfg = compose(["cluster=gpu_1x8"])
     assert cfg.cluster.address == "auto" and cfg.rollout.engine == "vllm"
-    plan = plan_placement(cfg, with_scorer=False)
+    plan = plan_placement(cfg, with_scorer=True)
     assert plan.strategy == "PACK" and plan.gpus == 8
-    assert len(plan.learners) == 4 and len(plan.rollouts) == 4
+    assert len(plan.learners) == 4 and len(plan.rollouts) == 3 and plan.scorer.num_gpus == 1
     assert cfg.learner.zero_stage == 2 and cfg.learner.num_gpus == 1
+    assert plan_placement(cfg, with_scorer=False).gpus == 7
+
+
+@pytest.mark.parametrize("cluster", ["gpu_1x8", "gpu_multinode", "gpu_colocated"])
+def test_gpu_configs_run_the_teacher_scorer_on_a_gpu_in_bf16(cluster):
+    from pipeline.hardware import choose_precision
+
+    cfg = compose([f"cluster={cluster}", "method=sdar"])
+    assert cfg.scorer.num_gpus == 1 and plan_placement(cfg, with_scorer=True).scorer.num_gpus == 1
+    assert choose_precision(cfg.scorer.precision, "cuda", cuda_bf16=True).dtype == "bf16"
 
 
 def test_gpu_multinode_config_spreads_sixteen_gpus():
     cfg = compose(["cluster=gpu_multinode"])
-    plan = plan_placement(cfg, with_scorer=False)
+    plan = plan_placement(cfg, with_scorer=True)
     assert plan.strategy == "SPREAD" and plan.gpus == 16
 
 
 def test_gpu_colocated_config_shares_each_gpu_and_sleeps_vllm():
     cfg = compose(["cluster=gpu_colocated"])
     assert cfg.cluster.colocate and cfg.rollout.vllm.enable_sleep_mode
-    plan = plan_placement(cfg, with_scorer=False)
+    plan = plan_placement(cfg, with_scorer=True)
     assert plan.strategy == "STRICT_PACK" and plan.gpus == 8 and len(plan.bundles) == 8
 
 

@@ -1,10 +1,10 @@
-"""Privileged prompts: the three skills placements, feedback insertion, history fitting."""
+"""Privileged prompts: the three skills placements and feedback insertion."""
 from __future__ import annotations
 
 import pytest
 
-from pipeline.privileged import (FEEDBACK_HEADER, SKILL_HEADER, Placement, PrivilegedPrompt, TruncationStats,
-                                 fit_history, fit_privileged_prompt, insert_feedback, with_privileged)
+from pipeline.privileged import (FEEDBACK_HEADER, SKILL_HEADER, Placement, PrivilegedPrompt, insert_feedback,
+                                 with_privileged)
 from pipeline.types import Message
 
 SKILLS = "### General principles\n- **Heat**: use the microwave (when: hot goals)"
@@ -20,11 +20,6 @@ def student() -> list[Message]:
 
 def fake_template(messages: list[Message]) -> str:
     return "".join(f"<{m.role}>{m.content}</{m.role}>" for m in messages) + "<assistant>"
-
-
-def whitespace_encode(prompt: PrivilegedPrompt) -> list[str]:
-    """Fake tokenizer: one token per whitespace-separated word of the rendered prompt."""
-    return prompt.render(fake_template).split()
 
 
 # ----- placements --------------------------------------------------------------------------------
@@ -49,10 +44,15 @@ def test_system_placement_inserts_a_system_message_when_there_is_none():
     assert got.messages[0].content == f"{SKILL_HEADER}\n{SKILLS}"
 
 
-def test_user_placement_prepends_to_the_first_user_message_in_the_retire_opd_form():
+def test_system_placement_extends_the_templates_default_system_prompt_when_there_is_none():
+    got = with_privileged(chat(("user", "obs")), SKILLS, "system", default_system="You are SmolLM.")
+    assert got.messages[0].content == f"You are SmolLM.\n\n{SKILL_HEADER}\n{SKILLS}"
+
+
+def test_user_placement_appends_to_the_first_user_message():
     msgs = chat(("system", "s"), ("user", "first obs"), ("assistant", "go to fridge 1"), ("user", "second obs"))
     got = with_privileged(msgs, SKILLS, "user")
-    assert got.messages[1].content == f"[Privileged Skill Information]\n{SKILLS}\n\nfirst obs"
+    assert got.messages[1].content == f"first obs\n\n[Privileged Skill Information]\n{SKILLS}"
     assert got.messages[3].content == "second obs"
     with pytest.raises(ValueError, match="user message"):
         with_privileged(chat(("system", "s")), SKILLS, "user")
@@ -83,58 +83,9 @@ def test_feedback_lands_immediately_before_the_response_in_the_last_user_message
         insert_feedback(msgs[:3], ["x"])
 
 
-# ----- history fitting ---------------------------------------------------------------------------
-def history_messages(h: int) -> list[Message]:
-    """System + task + the last h of five history turns (20 words each) + the current observation."""
-    turns = [(f"obs{i} " + "w " * 9, f"act{i} " + "w " * 9) for i in range(5)]
-    out = chat(("system", "sys"), ("user", "task words here"))
-    for o, a in turns[len(turns) - h:] if h else []:
-        out += chat(("user", o.strip()), ("assistant", a.strip()))
-    return out + chat(("user", "current obs"))
-
-
-@pytest.mark.parametrize("placement", list(Placement))
-def test_fake_tokenizer_truncation_drops_history_never_the_privileged_text(placement):
-    skills = " ".join(f"skill{i}" for i in range(40))  # 40 words: longer than any history turn
-    stats = TruncationStats()
-    full = fit_privileged_prompt(history_messages, skills, placement, whitespace_encode,
-                                 max_tokens=10_000, history_length=5, stats=stats)
-    assert not full.truncated and full.history_length == 5
-    budget = full.n_tokens - 45  # forces dropping three 20-word turns
-    got = fit_privileged_prompt(history_messages, skills, placement, whitespace_encode,
-                                max_tokens=budget, history_length=5, stats=stats)
-    assert got.fits and got.truncated
-    assert got.history_length == 2 and got.dropped == 3
-    assert got.n_tokens <= budget < got.n_tokens + 20
-    rendered = got.prompt.render(fake_template)
-    assert skills in rendered and "task words here" in rendered and "current obs" in rendered
-    assert "obs4" in rendered and "obs2" not in rendered  # the oldest turns went first
-    assert stats.metrics() == {"privileged/truncations": 1.0, "privileged/truncated_fraction": 0.5,
-                               "privileged/dropped_turns": 3.0, "privileged/over_budget": 0.0}
-
-
-def test_fake_tokenizer_over_budget_keeps_privileged_text_whole_and_is_counted():
-    skills = " ".join(f"skill{i}" for i in range(200))
-    stats = TruncationStats()
-    got = fit_privileged_prompt(history_messages, skills, "raw_prefix", whitespace_encode,
-                                max_tokens=50, history_length=3, stats=stats)
-    assert not got.fits and got.history_length == 0 and got.dropped == 3
-    assert got.prompt.prefix == f"{SKILL_HEADER}\n{skills}\n\n"
-    assert stats.n_over_budget == 1 and stats.n_truncated == 1
-    stats.reset()
-    assert stats.metrics()["privileged/truncations"] == 0.0
-
-
-def test_fake_tokenizer_fit_keeps_feedback_at_the_end_of_every_candidate():
-    got = fit_privileged_prompt(history_messages, "skills here", "user", whitespace_encode, max_tokens=40,
-                                history_length=5, feedback=["Answer in one block."])
-    assert got.truncated
-    assert got.prompt.messages[-1].content.endswith(f"{FEEDBACK_HEADER}\nAnswer in one block.")
-    assert got.prompt.messages[1].content.startswith(SKILL_HEADER)
-
-
-def test_fit_history_is_generic_and_validates_its_arguments():
-    got = fit_history(lambda h: "x " * (h * 3 + 1), str.split, max_tokens=7, history_length=4)
-    assert (got.history_length, got.n_tokens, got.dropped) == (2, 7, 2)
-    with pytest.raises(ValueError, match="history_length"):
-        fit_history(lambda h: "", str.split, max_tokens=5, history_length=-1)
+def test_feedback_after_a_tool_result_is_a_user_turn_right_before_the_response():
+    msgs = chat(("system", "tools"), ("user", "task"), ("assistant", "<tool_call>{}</tool_call>"), ("tool", "1 failed"))
+    got = insert_feedback(msgs, ["Run the tests before you finish."])
+    assert got[:4] == msgs[:4]
+    assert got[4].role == "user" and got[4].content == f"{FEEDBACK_HEADER}\nRun the tests before you finish."
+    assert fake_template(got).endswith("Run the tests before you finish.</user><assistant>")

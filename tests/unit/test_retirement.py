@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pipeline.retirement import RetirementController, step_alignment
+from pipeline.retirement import RetirementController
 
 
 def run(ctrl: RetirementController, ks: list[float], srs: list[float], start_step: int = 1) -> list[dict]:
@@ -147,10 +147,3 @@ def test_controller_matches_the_rule_applied_to_the_whole_series(seed):
     ctrl = RetirementController(teacher_success_rate=sr_t, window=window, delta=delta, gamma=gamma)
     run(ctrl, ks, srs)
     assert ctrl.retire_step == reference_retire_step(ks, srs, window=window, sr_t=sr_t, delta=delta, gamma=gamma)
-
-
-def test_step_alignment_is_the_token_mean_of_behaviour_minus_teacher_log_probs():
-    k = step_alignment([[-1.0, -1.0], [-2.0]], [[-2.0, -1.0], [-2.5]])
-    assert k == pytest.approx((1.0 + 0.0 + 0.5) / 3)  # tokens, not rows, are averaged
-    with pytest.raises(ValueError):
-        step_alignment([[-1.0]], [[-1.0, -2.0]])
