@@ -9,9 +9,9 @@ import asyncio
 import time
 
 from actors.learner import combine_step_metrics
-from pipeline.microbatch import split_rows
-from pipeline.types import TrainBatch
-from pipeline.weight_sync import WeightSyncError, pack
+from pipeline.core.microbatch import split_rows
+from pipeline.core.types import TrainBatch
+from pipeline.distributed.weight_sync import WeightSyncError, pack
 
 
 # ----- rollout -----------------------------------------------------------------------------------
@@ -99,7 +99,7 @@ class LearnerGroup:
         and awaited together, under a timeout: a member that never joins fails the setup instead
         of hanging the run.
         """
-        from pipeline.collective_sync import DEFAULT_TIMEOUT_S
+        from pipeline.distributed.collective_sync import DEFAULT_TIMEOUT_S
 
         timeout_s = timeout_s or DEFAULT_TIMEOUT_S
         consumers = self._consumers(workers, scorer)
@@ -202,7 +202,7 @@ class LocalLearner:
 
 
 def _local_endpoint(backend: str) -> tuple[str, int, str]:
-    from pipeline.collective_sync import resolve_backend
-    from pipeline.run import free_port
+    from pipeline.distributed.collective_sync import resolve_backend
+    from pipeline.orchestration.run import free_port
 
     return "127.0.0.1", free_port(), resolve_backend(backend)

@@ -2,7 +2,7 @@
 
 Method-blind: it runs the policy loss (PPO clip + dual clip, with the configured off-policy
 correction), the entropy bonus, an optional k3 KL to the frozen initial policy, and whatever
-auxiliary terms the batch carries (looked up by kind in ``pipeline.losses.AUX_LOSSES``). It never
+auxiliary terms the batch carries (looked up by kind in ``pipeline.algorithm.losses.AUX_LOSSES``). It never
 knows which method built the batch.
 
 One ``train_step`` is one optimizer step per mini-batch. Inside a mini-batch the rows are cut into
@@ -26,14 +26,14 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import LearnerConfig
-from pipeline.hardware import choose_precision, hardware_info, set_threads
-from pipeline.logprobs import forward_response
-from pipeline.losses import (AUX_LOSSES, AUX_NEEDS_LOGITS, MAX_METRICS, MIN_METRICS, Metrics,
+from pipeline.core.config import LearnerConfig
+from pipeline.core.hardware import choose_precision, hardware_info, set_threads
+from pipeline.algorithm.logprobs import forward_response
+from pipeline.algorithm.losses import (AUX_LOSSES, AUX_NEEDS_LOGITS, MAX_METRICS, MIN_METRICS, Metrics,
                              entropy_bonus, kl_to_reference, policy_loss,
                              reduce_micro_batch_metrics)
-from pipeline.microbatch import null_micro_batch, split_by_tokens, to_device
-from pipeline.types import TrainBatch
+from pipeline.core.microbatch import null_micro_batch, split_by_tokens, to_device
+from pipeline.core.types import TrainBatch
 
 
 def ds_config(cfg: LearnerConfig, dtype: str) -> dict:
@@ -319,12 +319,12 @@ class LearnerWorker:
             sd = self.module.state_dict()
         return {k: v.detach().to(device, copy=copy) for k, v in (sd or {}).items()}
 
-    # Collective route (pipeline/collective_sync.py): rank 0 is rank 0 of a weight group of its
+    # Collective route (pipeline/distributed/collective_sync.py): rank 0 is rank 0 of a weight group of its
     # own; the consumers (rollout workers, a self-teacher scorer) are ranks 1..N.
     def sync_meta(self):
         """Ordered (name, dtype, shape) of the weights ``broadcast_weights`` sends (rank 0; other
         ranks return None). Every rank must call it under ZeRO-3."""
-        from pipeline.collective_sync import meta_of
+        from pipeline.distributed.collective_sync import meta_of
 
         if self.rank != 0 and self.cfg.zero_stage != 3:
             return None
@@ -338,7 +338,7 @@ class LearnerWorker:
                           bucket_bytes: int, timeout_s: float | None = None) -> str | None:
         """Rank 0 joins (and hosts) the weight group as its rank 0; other ranks do nothing.
         Blocks until every member has joined. Returns the backend in use (rank 0)."""
-        from pipeline.collective_sync import DEFAULT_TIMEOUT_S, init_group
+        from pipeline.distributed.collective_sync import DEFAULT_TIMEOUT_S, init_group
 
         if self.rank != 0:
             return None
@@ -351,7 +351,7 @@ class LearnerWorker:
         """Every rank calls it (ZeRO-3 gathers collectively); rank 0 broadcasts and returns the
         stats (seconds, bytes, buckets, gbps). With NCCL the weights go out from the current
         CUDA device, with gloo from CPU memory."""
-        from pipeline.collective_sync import broadcast_state_dict
+        from pipeline.distributed.collective_sync import broadcast_state_dict
 
         if self.rank != 0:
             if self.cfg.zero_stage == 3:
@@ -449,7 +449,7 @@ class LearnerActor:
         return self.worker.train_step(minibatches)
 
     def weight_packet(self, version: int):
-        from pipeline.weight_sync import pack
+        from pipeline.distributed.weight_sync import pack
 
         sd = self.worker.state_dict_for_sync()
         if self.worker.rank != 0:
@@ -462,12 +462,12 @@ class LearnerActor:
         """Bytes of the last ``weight_packet`` (for the sync/bytes metric; 0 before the first)."""
         return getattr(self, "_packet_nbytes", 0)
 
-    # ----- collective weight sync (pipeline/collective_sync.py) ----------------------------------
+    # ----- collective weight sync (pipeline/distributed/collective_sync.py) ----------------------------------
     def weight_group_endpoint(self, backend: str) -> tuple[str, int, str]:
         """Where the weight group meets: this node's IP (so consumers on other nodes can reach
         it), a free port on it, and the backend resolved here (``auto`` -> nccl if this learner
         sees CUDA, else gloo)."""
-        from pipeline.collective_sync import resolve_backend
+        from pipeline.distributed.collective_sync import resolve_backend
 
         host, port = self.node_address()
         return host, port, resolve_backend(backend)

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 from envs import make_env
 from envs.base import Observation, TextEnv
-from pipeline.config import EnvConfig, RolloutConfig
-from pipeline.hardware import choose_precision, hardware_info, set_threads
-from pipeline.weight_sync import WeightPacket, verify
-from pipeline.types import Episode, EpisodeGroup, Message, StopReason, TurnRecord
+from pipeline.core.config import EnvConfig, RolloutConfig
+from pipeline.core.hardware import choose_precision, hardware_info, set_threads
+from pipeline.distributed.weight_sync import WeightPacket, verify
+from pipeline.core.types import Episode, EpisodeGroup, Message, StopReason, TurnRecord
 
 # Adds privileged context to the student's own messages (e.g. skill_grpo); None = plain prompts.
 PromptHook = Callable[[list[Message], TextEnv], list[Message]]
@@ -77,12 +77,12 @@ class RolloutWorker:
         self.engine.load_state_dict(*pending)
         return True
 
-    # Collective route (pipeline/collective_sync.py). Neither call takes ``_play_lock``: they run
+    # Collective route (pipeline/distributed/collective_sync.py). Neither call takes ``_play_lock``: they run
     # in the actor's second thread while a group may be playing in the first, like set_weights.
     def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
                           meta, bucket_bytes: int, timeout_s: float | None = None) -> int:
         """Join the learner's weight group as ``rank``; ``meta`` = the learner's ``sync_meta()``."""
-        from pipeline.collective_sync import WeightReceiver
+        from pipeline.distributed.collective_sync import WeightReceiver
 
         self._receiver = WeightReceiver(host, port, rank, world_size, backend, meta, bucket_bytes, timeout_s)
         return rank

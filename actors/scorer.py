@@ -7,7 +7,7 @@ the policy itself, kept in sync like a rollout worker (``source=self``), or a fr
 rollout temperature, with the LM head applied only at response positions.
 
 ``TeacherScorer`` is the driver-side handle the controller awaits: it decides which rows the
-method wants scored, builds their privileged prompts (``pipeline.teacher_prompts``), retrieves the
+method wants scored, builds their privileged prompts (``pipeline.context.prompts``), retrieves the
 skills (one ``SkillRetriever``, so UCB statistics are central), calls the worker, and fills
 ``TurnRecord.teacher_logprobs`` / ``teacher_version``.
 """
@@ -17,14 +17,14 @@ import time
 
 import torch
 
-from pipeline.hardware import choose_precision, hardware_info, set_threads
-from pipeline.logprobs import forward_response
+from pipeline.core.hardware import choose_precision, hardware_info, set_threads
+from pipeline.algorithm.logprobs import forward_response
 from pipeline.methods.base import TeacherSpec
 from pipeline.methods.targeted import turn_feedback
-from pipeline.microbatch import split_by_tokens
-from pipeline.teacher_prompts import TeacherPrompts, task_seed_of
-from pipeline.types import EpisodeGroup, TrainBatch
-from pipeline.weight_sync import WeightPacket, verify
+from pipeline.core.microbatch import split_by_tokens
+from pipeline.context.prompts import TeacherPrompts, task_seed_of
+from pipeline.core.types import EpisodeGroup, TrainBatch
+from pipeline.distributed.weight_sync import WeightPacket, verify
 
 
 class TeacherScorerWorker:
@@ -51,10 +51,10 @@ class TeacherScorerWorker:
         self.version = packet.version
         return self.version
 
-    # Collective route (pipeline/collective_sync.py): same contract as set_weights.
+    # Collective route (pipeline/distributed/collective_sync.py): same contract as set_weights.
     def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
                           meta, bucket_bytes: int, timeout_s: float | None = None) -> int:
-        from pipeline.collective_sync import WeightReceiver
+        from pipeline.distributed.collective_sync import WeightReceiver
 
         self._receiver = WeightReceiver(host, port, rank, world_size, backend, meta, bucket_bytes, timeout_s)
         return rank

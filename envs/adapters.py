@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env
-from pipeline.types import CriterionResult, Message
+from pipeline.core.types import CriterionResult, Message
 
 try:  # optional dependency (pyproject extra)
     import gymnasium as _gym

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
-from pipeline.types import CriterionResult, Message
+from pipeline.core.types import CriterionResult, Message
 
 
 @dataclass(kw_only=True, slots=True)

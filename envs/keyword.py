@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env
-from pipeline.types import CriterionResult, Message
+from pipeline.core.types import CriterionResult, Message
 
 WORDS = ("river", "apple", "stone", "cloud", "green", "table", "light", "music", "house", "tiger",
          "bread", "ocean", "paper", "horse", "chair", "dream", "glass", "plant", "sugar", "train")

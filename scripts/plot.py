@@ -4,7 +4,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.plotting import plot_run  # noqa: E402
+from pipeline.tools.plotting import plot_run  # noqa: E402
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:

@@ -5,7 +5,7 @@
         --max-new-tokens 80 --candidates file.json --tasks 4 --out DIR   # code_edit's system prompt is ~700 tokens
 
 Writes ``DIR/adopted.json``, ``DIR/feedback_selection.md`` and ``DIR/outcomes.json``; see
-``pipeline/feedback_selection.py`` for the rule.
+``pipeline/tools/feedback_selection.py`` for the rule.
 """
 import argparse
 import json
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.feedback_selection import load_candidates, markdown_table, run
+from pipeline.tools.feedback_selection import load_candidates, markdown_table, run
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,7 @@ the sampled token under exactly the distribution it was drawn from:
     sampling (temperature > 0):  log_softmax(top_p(logits / temperature))[token]
     greedy   (temperature == 0): log_softmax(logits)[token]
 
-With ``top_p == 1`` the first equals ``pipeline.logprobs.forward_response(..., temperature=T)`` on
+With ``top_p == 1`` the first equals ``pipeline.algorithm.logprobs.forward_response(..., temperature=T)`` on
 prompt + response (tested in ``tests/integration/test_hf_engine.py``). The recorder holds one
 ``[B, V]`` float32 step at a time instead of the ``max_new_tokens x [B, V]`` that
 ``output_scores=True`` would keep.
@@ -29,7 +29,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from actors.engines.base import FinishReason, Generation, GenerationEngine
-from pipeline.chat_templates import stop_token_ids
+from pipeline.core.chat_templates import stop_token_ids
 from pipeline.models import as_torch_dtype, load_model, load_tokenizer
 
 __all__ = ["HFEngine"]

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import torch
 
 from actors.engines.base import FinishReason, Generation, GenerationEngine
-from pipeline.chat_templates import stop_token_ids
+from pipeline.core.chat_templates import stop_token_ids
 from pipeline.models import load_tokenizer
 
 __all__ = ["VLLMEngine", "cpu_bind", "request_seed"]

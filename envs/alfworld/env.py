@@ -42,7 +42,7 @@ from envs.alfworld import prompts
 from envs.alfworld.engine import load_engine, release_engine, replan
 from envs.alfworld.generator import SPLITS, TASK_TYPES, GameRecord, SceneLimits, cache_key, get_game
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env
-from pipeline.types import CriterionResult, Message
+from pipeline.core.types import CriterionResult, Message
 
 # ALFWorld's own split sizes (solvable games of the six task types).
 ALFWORLD_SPLIT_SIZES = {"train": 3553, "valid_seen": 140, "valid_unseen": 134}

@@ -29,7 +29,7 @@ is shortened here)::
 """
 from __future__ import annotations
 
-from pipeline.types import Message
+from pipeline.core.types import Message
 
 _INSTRUCTION = (
     "Now it's your turn to take an action.\n"

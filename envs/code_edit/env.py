@@ -67,7 +67,7 @@ from pathlib import Path
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env
 from envs.code_edit import rubric, sandbox, tools
 from envs.code_edit.tasks import FAMILIES, Task, generate_task
-from pipeline.types import Message
+from pipeline.core.types import Message
 
 TOOL_ROLES = ("user", "tool")
 ISOLATION = ("auto", "namespaces", "none")

@@ -34,7 +34,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from pipeline.types import CriterionResult
+from pipeline.core.types import CriterionResult
 
 CRITERIA = ("tests_pass", "param_added_and_used", "final_table", "stays_in_repo", "no_test_edits")
 

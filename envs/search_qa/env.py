@@ -60,7 +60,7 @@ from envs.base import Observation, StepResult, TextEnv, known_options, register_
 from envs.search_qa.corpus import (SPLITS, Corpus, Question, file_questions, generated_corpus,
                                    select_tasks, wiki_corpus, wiki_data_path)
 from envs.search_qa.retriever import HTTPRetriever, Retriever, format_information
-from pipeline.types import CriterionResult, Message
+from pipeline.core.types import CriterionResult, Message
 
 # Search-R1's reply to a turn without a usable action (llm_agent/generation.py), stripped.
 INVALID_MESSAGE = ("My previous action is invalid. If I want to search, I should put the query between "

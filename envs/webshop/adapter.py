@@ -36,7 +36,7 @@ from envs.base import Observation, StepResult, TextEnv, register_env
 from envs.webshop.engine import BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE, parse_action
 from envs.webshop.env import (FEEDBACK, RewardMode, admissible_actions, build_messages, check_split,
                               extract_instruction)
-from pipeline.types import CriterionResult, Message
+from pipeline.core.types import CriterionResult, Message
 
 INSTALL_HELP = (
     "webshop_real needs the original WebShop (package web_agent_site), which privy-rl does not ship: "

@@ -73,7 +73,7 @@ from envs.base import Observation, StepResult, TextEnv, known_options, register_
 from envs.webshop.catalog import SPLITS, TASK_TYPES, Goal, generate_goal
 from envs.webshop.engine import BUY_NOW, SEP, WebShopEngine, catalog_and_index, parse_action
 from envs.webshop.reward import RewardBreakdown, get_reward
-from pipeline.types import CriterionResult, Message
+from pipeline.core.types import CriterionResult, Message
 
 DEFAULT_N_TASKS = {"train": 5000, "valid": 500, "test": 500}
 GOAL_ATTEMPTS = 20  # redraws of a goal whose target its own instruction does not find

@@ -3,7 +3,7 @@
 
 Teacher: the policy at the scorer's synced weights with retrieved skills (``source=self``,
 ``context=skills``, placement ``raw_prefix`` as SDAR). Credit per token (all formulas in
-``pipeline.advantages.adrs_advantages``)::
+``pipeline.algorithm.advantages.adrs_advantages``)::
 
     qhat = (lpT - mean_t lpT) / (std + 1e-8)           std per row (per_seq) or batch (global)
     alpha_u = sigmoid((lbar_u - mean lbar) / T),  TVA_g,  m = sigmoid(tau * TVA_g)
@@ -22,7 +22,7 @@ warmup_steps + active_steps`` (steps 21-70), else 0; ``entropy_coef`` 0.01 while
 0.001 otherwise (set on every step's Credit). ``teacher_active`` is True only while eta_s > 0, so
 the teacher forward runs only then; outside it the advantages are the base method's.
 
-Deviations (see ``pipeline/advantages.py``): ``eta_r`` is not an option (it cancels in the
+Deviations (see ``pipeline/algorithm/advantages.py``): ``eta_r`` is not an option (it cancels in the
 whitening); the alpha centring uses the mean of the row means at both levels.
 Metrics: ``adrs/tva_mean``, ``adrs/gate_mean``, ``adrs/shaping_abs_mean``, ``adrs/clip_fraction``,
 ``adrs/shaped_group_fraction`` while shaping; ``adrs/eta_s`` and ``adrs/entropy_coef`` every step.
@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline.advantages import adrs_advantages, adrs_schedule, gigpo_advantages, grpo_advantages, rows_from_groups
-from pipeline.batching import Credit
+from pipeline.algorithm.advantages import adrs_advantages, adrs_schedule, gigpo_advantages, grpo_advantages, rows_from_groups
+from pipeline.orchestration.batches import Credit
 from pipeline.methods.base import TeacherSpec, register_method
 from pipeline.methods.common import SkillFields, check_types, require, teacher_rows
 from pipeline.methods.gigpo import GigpoFields
 from pipeline.methods.grpo import GRPO, broadcast
-from pipeline.types import EpisodeGroup
+from pipeline.core.types import EpisodeGroup
 
 LEVELS = ("L2", "L3")
 TVA_APPLY = ("paper", "after_whitening")

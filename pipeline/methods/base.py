@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from pipeline.batching import Credit
-from pipeline.types import EpisodeGroup
+from pipeline.orchestration.batches import Credit
+from pipeline.core.types import EpisodeGroup
 
 
 @dataclasses.dataclass

@@ -9,7 +9,7 @@ placement ``raw_prefix`` by default), scored on every row.
   Entropy bonus as configured in the learner. Options as ``sdar`` (beta 5, lam 0.01).
 - ``grpo_opsd``: GRPO + the SDAR term with beta = 0, i.e. a constant gate g = 0.5 (no ``beta``
   option; use ``method=sdar method.beta=0`` for the same thing under SDAR's name). lam 0.01.
-- ``skill_sd``: GRPO + lam * the K3-IS loss of ``pipeline.losses.k3_is`` (``l = lp - lpT``,
+- ``skill_sd``: GRPO + lam * the K3-IS loss of ``pipeline.algorithm.losses.k3_is`` (``l = lp - lpT``,
   ``k3 = exp(min(-l, 20)) - 1 + l``, ``rho = exp(min(lp - lp_prox, 10))``, ``token_mean(rho * k3)``)
   against the self-teacher; lam = 0.001.
 
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline.batching import Credit
+from pipeline.orchestration.batches import Credit
 from pipeline.methods.base import TeacherSpec, register_method
 from pipeline.methods.common import SkillFields, check_types, require, teacher_rows
 from pipeline.methods.grpo import GRPO, broadcast
 from pipeline.methods.sdar import SDAR
-from pipeline.types import AuxTerm, EpisodeGroup
+from pipeline.core.types import AuxTerm, EpisodeGroup
 
 
 @register_method

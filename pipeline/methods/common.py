@@ -5,7 +5,7 @@ each is a plain Hydra override (``method.skill_mode=ucb method.skill_top_k=3``).
 dict ``{"bank", "mode", "top_k", "placement"}`` that ``skills_for_student()`` (the student sees
 the skills, ``skill_grpo``) and ``skills_for_teacher()`` (the teacher prompt carries them,
 ``sdar``, ``skill_sd``, ``adrs``, ``retire_opd``) hand to the driver; the driver owns the
-``envs.skills.SkillRetriever`` and the prompt builder (``pipeline.privileged``).
+``envs.skills.SkillRetriever`` and the prompt builder (``pipeline.context.placement``).
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import types
 import typing
 
 from envs.skills import RetrievalMode
-from pipeline.privileged import Placement
-from pipeline.types import EpisodeGroup
+from pipeline.context.placement import Placement
+from pipeline.core.types import EpisodeGroup
 
 
 @dataclasses.dataclass

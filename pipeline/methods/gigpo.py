@@ -1,7 +1,7 @@
 """``gigpo``: GRPO plus anchor-state step advantages (verl-agent ``gigpo/core_gigpo.py``).
 
 ``A = A_E + w * A_S`` per row, broadcast to the row's tokens. ``A_E`` is the GRPO row advantage
-(``pipeline.advantages.grpo_advantages``, "mean_std_norm"; ``norm_std: false`` gives verl-agent's
+(``pipeline.algorithm.advantages.grpo_advantages``, "mean_std_norm"; ``norm_std: false`` gives verl-agent's
 "mean_norm"). ``A_S``: within each episode group, rows whose current observation is identical
 (or, with ``similarity_threshold``, difflib ratio >= threshold against a cluster's first member)
 form an anchor group; ``R_t = sum_k gamma^(k-t) r_k`` over the env rewards, minus the
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline.advantages import gigpo_advantages, rows_from_groups
-from pipeline.batching import Credit
+from pipeline.algorithm.advantages import gigpo_advantages, rows_from_groups
+from pipeline.orchestration.batches import Credit
 from pipeline.methods.base import register_method
 from pipeline.methods.common import check_types, require
 from pipeline.methods.grpo import GRPO, broadcast
-from pipeline.types import EpisodeGroup
+from pipeline.core.types import EpisodeGroup
 
 
 @dataclasses.dataclass

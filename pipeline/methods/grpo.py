@@ -3,16 +3,16 @@
 One row per assistant turn; row score = episode reward minus the invalid-action penalty on invalid
 turns; ``A_row = (R_row - mean_g) / (std_g + 1e-6)`` over all turn rows of the group (or over its
 episodes), broadcast to the row's tokens; PPO clip + dual clip in the learner. No auxiliary term,
-no teacher. See ``pipeline/advantages.py`` for the degenerate-group rules.
+no teacher. See ``pipeline/algorithm/advantages.py`` for the degenerate-group rules.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from pipeline.advantages import grpo_advantages, rows_from_groups
-from pipeline.batching import Credit
+from pipeline.algorithm.advantages import grpo_advantages, rows_from_groups
+from pipeline.orchestration.batches import Credit
 from pipeline.methods.base import Method, register_method
-from pipeline.types import EpisodeGroup
+from pipeline.core.types import EpisodeGroup
 
 
 def broadcast(groups: list[EpisodeGroup], per_row: list[float]) -> list[list[float]]:

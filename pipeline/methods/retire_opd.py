@@ -22,7 +22,7 @@ Credit while the teacher is active: GRPO row advantages broadcast to tokens, aux
 
 and, after the learner's step, ``K_n = token_mean(lp_prox - lpT)`` (the learner's ``opd/alignment``:
 its own log-probs before the update, never the engine's) recorded into
-``pipeline.retirement.RetirementController``
+``pipeline.algorithm.retirement.RetirementController``
 (windows of W = 5 steps; at each window end the validation success rate closes the window;
 retire at the first m >= 2 with ``rho_m >= delta`` and ``eta_m >= gamma``). Once retired,
 ``teacher_active`` is False (no teacher forward), credit is plain GRPO, lam is 0 for good.
@@ -51,12 +51,12 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.batching import Credit
+from pipeline.orchestration.batches import Credit
 from pipeline.methods.base import TeacherSpec, parse_options, register_method
 from pipeline.methods.common import SkillFields, check_types, require, teacher_rows
 from pipeline.methods.grpo import GRPO, broadcast
-from pipeline.retirement import RetirementController
-from pipeline.types import AuxTerm, EpisodeGroup
+from pipeline.algorithm.retirement import RetirementController
+from pipeline.core.types import AuxTerm, EpisodeGroup
 
 TEACHER_META = "teacher.json"  # next to the phase-1 teacher's HF weights
 

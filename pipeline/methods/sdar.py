@@ -6,7 +6,7 @@ in its prompt (``context=skills``, placement ``raw_prefix`` by default, as the r
 scorer fills ``TurnRecord.teacher_logprobs`` (lpT) for every row. Per token::
 
     g      = sg(sigmoid(beta * (lpT - lp)))         (lp: the learner's current log-probs)
-    L_SDAR = token_mean(g * (lpT - lp))            (kind gated_surrogate, in pipeline.losses)
+    L_SDAR = token_mean(g * (lpT - lp))            (kind gated_surrogate, in pipeline.algorithm.losses)
     L      = L_PPO + lam * L_SDAR  (+ entropy, + the learner's KL to reference if learner.kl_coef > 0)
 
 Credit: GRPO row advantages broadcast to tokens; aux ``teacher_logprobs`` = lpT;
@@ -29,11 +29,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from pipeline.batching import Credit
+from pipeline.orchestration.batches import Credit
 from pipeline.methods.base import TeacherSpec, register_method
 from pipeline.methods.common import SkillFields, check_types, require, teacher_rows
 from pipeline.methods.grpo import GRPO, broadcast
-from pipeline.types import AuxTerm, EpisodeGroup
+from pipeline.core.types import AuxTerm, EpisodeGroup
 
 
 @register_method

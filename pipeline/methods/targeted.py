@@ -14,7 +14,7 @@ Rows distilled. A *failed-turn row* is a row whose ``turn_index`` equals the ``f
 failed criterion of its episode. ``turn_feedback(episode, turn_index)`` gives that row's privileged
 feedback: the (non-empty) feedback strings of the criteria failing at that turn, in criterion
 order; the scorer / prompt builder inserts them just before the assistant's response
-(``pipeline.privileged.insert_feedback``). Ablation ``always_on``: every row of an episode with a
+(``pipeline.context.placement.insert_feedback``). Ablation ``always_on``: every row of an episode with a
 failed criterion is distilled, with all of that episode's failed feedback strings.
 
 Tokens distilled. ``distill_thinking: true`` (default): all tokens of a distilled row; ``false``:
@@ -53,12 +53,12 @@ import dataclasses
 from collections import defaultdict
 from typing import Protocol
 
-from pipeline.advantages import grpo_advantages, rows_from_groups
-from pipeline.batching import Credit
+from pipeline.algorithm.advantages import grpo_advantages, rows_from_groups
+from pipeline.orchestration.batches import Credit
 from pipeline.methods.base import TeacherSpec, register_method
 from pipeline.methods.common import check_types, require
 from pipeline.methods.grpo import GRPO, broadcast
-from pipeline.types import AuxTerm, Episode, EpisodeGroup, TurnRecord
+from pipeline.core.types import AuxTerm, Episode, EpisodeGroup, TurnRecord
 
 ESTIMATORS = ("full", "sampled")
 

@@ -85,7 +85,7 @@ def load_model(
 def load_tokenizer(path: str | os.PathLike[str], chat_template: str | None = None) -> "PreTrainedTokenizerBase":
     """Load the tokenizer with left padding (batched generation); pad falls back to eos.
 
-    ``chat_template`` (``model.chat_template``: a name in ``pipeline.chat_templates.TEMPLATES`` or
+    ``chat_template`` (``model.chat_template``: a name in ``pipeline.core.chat_templates.TEMPLATES`` or
     a Jinja file) replaces the tokenizer's own template, or gives a base model one.
     """
     from transformers import AutoTokenizer
@@ -95,7 +95,7 @@ def load_tokenizer(path: str | os.PathLike[str], chat_template: str | None = Non
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if chat_template is not None:
-        from pipeline.chat_templates import resolve_chat_template
+        from pipeline.core.chat_templates import resolve_chat_template
 
         tok.chat_template = resolve_chat_template(chat_template)
     return tok

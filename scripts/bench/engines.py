@@ -62,7 +62,7 @@ def main() -> int:
     from actors.engines.vllm import VLLMEngine
 
     path = resolve_model(args.model)
-    from pipeline.hardware import choose_precision
+    from pipeline.core.hardware import choose_precision
 
     dtype = choose_precision(args.precision).dtype
     result: dict = {"model": args.model, "dtype": dtype, "new_tokens": args.new_tokens}

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipeline.cli import compose  # noqa: E402
-from pipeline.run import run_training  # noqa: E402
+from pipeline.tools.cli import compose  # noqa: E402
+from pipeline.orchestration.run import run_training  # noqa: E402
 
 
 def summarise(history: list[dict], warmup: int, groups_per_step: int, workers: int) -> dict:

@@ -1,4 +1,4 @@
-"""Weight sync benchmark: Ray object store vs bucketed gloo broadcast (pipeline/collective_sync.py).
+"""Weight sync benchmark: Ray object store vs bucketed gloo broadcast (pipeline/distributed/collective_sync.py).
 
     python scripts/bench/weight_sync.py [--model smollm2_135m] [--dtype fp32|bf16]
                                         [--receivers 2] [--buckets-mb 1,16,64,256,1024]
@@ -54,24 +54,24 @@ class Sender:
         self.sd, self.source = load_state_dict(model, getattr(torch, dtype))
 
     def info(self):
-        from pipeline.collective_sync import meta_of
+        from pipeline.distributed.collective_sync import meta_of
 
         nbytes = sum(t.numel() * t.element_size() for t in self.sd.values())
         return meta_of(self.sd), nbytes, len(self.sd), self.source
 
     def packet(self, version: int):
-        from pipeline.weight_sync import pack
+        from pipeline.distributed.weight_sync import pack
 
         # state_dict_for_sync() hands out a copy; pack() adds the checksum.
         return pack({k: v.clone() for k, v in self.sd.items()}, version)
 
     def join(self, port: int, world: int) -> None:
-        from pipeline.collective_sync import init_group
+        from pipeline.distributed.collective_sync import init_group
 
         self.group = init_group("127.0.0.1", port, 0, world, "gloo", timeout_s=300)
 
     def broadcast(self, version: int, bucket_bytes: int) -> dict:
-        from pipeline.collective_sync import broadcast_state_dict
+        from pipeline.distributed.collective_sync import broadcast_state_dict
 
         return broadcast_state_dict(self.group, self.sd, version, bucket_bytes)
 
@@ -79,19 +79,19 @@ class Sender:
 @ray.remote(num_cpus=0)
 class Receiver:
     def set_weights(self, packet) -> int:
-        from pipeline.weight_sync import verify
+        from pipeline.distributed.weight_sync import verify
 
         verify(packet)
         self.pending = packet.state_dict
         return packet.version
 
     def join(self, port: int, rank: int, world: int, meta) -> None:
-        from pipeline.collective_sync import init_group
+        from pipeline.distributed.collective_sync import init_group
 
         self.group, self.meta = init_group("127.0.0.1", port, rank, world, "gloo", timeout_s=300), meta
 
     def receive(self, version: int, bucket_bytes: int) -> int:
-        from pipeline.collective_sync import receive_state_dict
+        from pipeline.distributed.collective_sync import receive_state_dict
 
         self.pending = receive_state_dict(self.group, self.meta, version, bucket_bytes)
         return version
@@ -133,7 +133,7 @@ def main() -> None:
 
         out["object_store_s"], _ = timed(object_store, args.repeats)
 
-        from pipeline.run import free_port
+        from pipeline.orchestration.run import free_port
 
         world = 1 + len(receivers)
         port = free_port()

@@ -55,7 +55,7 @@ def _checksums(sd: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def _random_batch(vocab: int, rows: int = 4, seed: int = 0):
     """A TrainBatch of random prompt + response ids (CPU tensors, right-padded)."""
-    from pipeline.types import TrainBatch
+    from pipeline.core.types import TrainBatch
 
     g = torch.Generator().manual_seed(seed)
     p_len = torch.randint(4, 12, (rows,), generator=g)
@@ -100,7 +100,7 @@ def _join(ctx, what: str) -> None:
 # ----- 1. the HF engine on cuda ------------------------------------------------------------------
 def test_hf_engine_generates_on_cuda_and_matches_forward_response():
     from actors.engines.hf import HFEngine
-    from pipeline.logprobs import response_logprobs
+    from pipeline.algorithm.logprobs import response_logprobs
 
     engine = HFEngine.from_pretrained(_model_dir(), dtype="float32", device="cuda")
     assert engine.device.type == "cuda"
@@ -122,7 +122,7 @@ def test_teacher_scorer_on_cuda_runs_bf16_and_stays_near_the_fp32_learner():
     stay within the bf16 gap of the learner's fp32 forward on the same tokens (CPU engines
     measured 0.05 mean, 0.3 max in bf16)."""
     from actors.scorer import TeacherScorerWorker
-    from pipeline.logprobs import response_logprobs
+    from pipeline.algorithm.logprobs import response_logprobs
     from pipeline.models import load_model
 
     path = _model_dir()
@@ -144,7 +144,7 @@ def _learner_child(rank: int, port: int, model_dir: str, out: str, move_batch: b
     import torch.distributed as dist
 
     from actors.learner import LearnerWorker, init_process_group_env
-    from pipeline.config import LearnerConfig
+    from pipeline.core.config import LearnerConfig
 
     init_process_group_env(0, 1, "127.0.0.1", port)
     cfg = LearnerConfig(zero_stage=2, precision="bf16", lr=1e-3, micro_batch_tokens=32)

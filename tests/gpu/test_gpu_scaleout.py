@@ -1,6 +1,6 @@
 """GPU scale-out pieces on one CUDA machine (``scripts/gpu_check.sh``); skipped without CUDA.
 
-1. The collective weight sync (pipeline/collective_sync.py) with buffers on cuda: over NCCL
+1. The collective weight sync (pipeline/distributed/collective_sync.py) with buffers on cuda: over NCCL
    between two processes on two GPUs; with one GPU (NCCL refuses two ranks on one device) over
    gloo with CUDA tensors, which runs the same bucketing, device placement and trailer check.
 2. The vLLM engine on cuda, if vLLM is installed: processed log-probs equal ``forward_response``
@@ -39,7 +39,7 @@ def _model_dir() -> str:
 def _sync_child(rank: int, world: int, port: int, backend: str, model_dir: str, out_dir: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from pipeline.collective_sync import broadcast_state_dict, init_group, meta_of, receive_state_dict
+    from pipeline.distributed.collective_sync import broadcast_state_dict, init_group, meta_of, receive_state_dict
 
     gpu = rank if backend == "nccl" else 0
     torch.cuda.set_device(gpu)
@@ -86,7 +86,7 @@ def _chat(tok, text: str) -> list[int]:
 def test_vllm_engine_on_cuda_parity_reload_and_sleep():
     pytest.importorskip("vllm")
     from actors.engines.vllm import VLLMEngine
-    from pipeline.logprobs import response_logprobs
+    from pipeline.algorithm.logprobs import response_logprobs
     from pipeline.models import load_model, resolve_model
 
     path = resolve_model("tiny")  # SmolLM2's tokenizer and chat template, head_dim 32

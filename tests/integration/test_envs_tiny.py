@@ -1,8 +1,8 @@
 """Every environment trains two steps end to end (real Ray actors, DeepSpeed, the tiny model)."""
 import pytest
 
-from pipeline.cli import compose
-from pipeline.run import run_training
+from pipeline.tools.cli import compose
+from pipeline.orchestration.run import run_training
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from actors.engines.hf import HFEngine
-from pipeline.cli import compose
-from pipeline.logprobs import response_logprobs
+from pipeline.tools.cli import compose
+from pipeline.algorithm.logprobs import response_logprobs
 from pipeline.models import GEMMA3_N_PARAMS, has_chat_template, load_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -12,7 +12,7 @@ import torch
 
 from actors.engines.base import FinishReason, Generation
 from actors.engines.hf import HFEngine
-from pipeline.logprobs import response_logprobs
+from pipeline.algorithm.logprobs import response_logprobs
 
 pytestmark = pytest.mark.integration
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from actors.handles import LearnerGroup
-from pipeline.config import LearnerConfig
-from pipeline.microbatch import slice_rows
-from pipeline.types import AuxTerm, TrainBatch
+from pipeline.core.config import LearnerConfig
+from pipeline.core.microbatch import slice_rows
+from pipeline.core.types import AuxTerm, TrainBatch
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,7 @@ def _batch(model_dir, lengths: list[tuple[int, int]], seed: int = 0) -> tuple[Tr
     """Rows of (prompt, response) lengths; behaviour log-probs = the model's own (and returned)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pipeline.logprobs import forward_response
+    from pipeline.algorithm.logprobs import forward_response
 
     g = torch.Generator().manual_seed(seed)
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
@@ -48,7 +48,7 @@ def _batch(model_dir, lengths: list[tuple[int, int]], seed: int = 0) -> tuple[Tr
 def _train(ray, model_dir, minibatches: list[TrainBatch], cfg: LearnerConfig):
     """A fresh rank-0 learner takes one train_step; returns (metrics, weights)."""
     from actors.learner import LearnerActor
-    from pipeline.run import free_port
+    from pipeline.orchestration.run import free_port
 
     actor = ray.remote(LearnerActor).options(num_cpus=0.5).remote(
         cfg, str(model_dir), temperature=1.0, total_steps=10, rank=0, world_size=1, seed=0,

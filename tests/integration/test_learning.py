@@ -4,8 +4,8 @@ import statistics
 
 import pytest
 
-from pipeline.cli import compose
-from pipeline.run import run_training
+from pipeline.tools.cli import compose
+from pipeline.orchestration.run import run_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -2,8 +2,8 @@
 DeepSpeed engine, the tiny model, the keyword env (whose rubric feeds targeted guidance)."""
 import pytest
 
-from pipeline.cli import compose
-from pipeline.run import run_training
+from pipeline.tools.cli import compose
+from pipeline.orchestration.run import run_training
 
 pytestmark = pytest.mark.integration
 

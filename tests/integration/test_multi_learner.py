@@ -26,8 +26,8 @@ import pytest
 import torch
 
 from actors.handles import LearnerGroup
-from pipeline.config import LearnerConfig
-from pipeline.types import TrainBatch
+from pipeline.core.config import LearnerConfig
+from pipeline.core.types import TrainBatch
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def _make_batch(model_dir, seed: int = 0, rows: int = 8) -> TrainBatch:
     the model's own plus noise (so ratios are near 1 and some tokens clip); one advantage per row."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pipeline.logprobs import forward_response
+    from pipeline.algorithm.logprobs import forward_response
 
     g = torch.Generator().manual_seed(seed)
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
@@ -106,8 +106,8 @@ def _step(ray, model_dir, batch: TrainBatch, *, world_size: int, zero_stage: int
     """Start ``world_size`` learner actors, take one train_step on two mini-batches through
     LearnerGroup, return (metrics, rank-0 weights); always kill the actors."""
     from actors.learner import LearnerActor
-    from pipeline.microbatch import slice_rows
-    from pipeline.run import free_port
+    from pipeline.core.microbatch import slice_rows
+    from pipeline.orchestration.run import free_port
 
     port = free_port()
     cls = ray.remote(LearnerActor)
@@ -196,7 +196,7 @@ def test_ranks_with_different_micro_batch_counts_take_the_same_step_as_one(ray_l
     forward: unequal counts abort with a collective mismatch on gloo and hang on NCCL)."""
     from safetensors.torch import load_file
 
-    from pipeline.microbatch import slice_rows, split_by_tokens, split_rows
+    from pipeline.core.microbatch import slice_rows, split_by_tokens, split_rows
 
     batch = _uneven_batch(tiny_model_dir)
     shards = split_rows(slice_rows(batch, 0, batch.n_rows // 2), 2)

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.cli import compose
-from pipeline.run import run_training
+from pipeline.tools.cli import compose
+from pipeline.orchestration.run import run_training
 
 pytestmark = pytest.mark.integration
 

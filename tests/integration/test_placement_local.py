@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from pipeline.cli import compose
-from pipeline.run import run_training
+from pipeline.tools.cli import compose
+from pipeline.orchestration.run import run_training
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ BASE = ["model=tiny", "env=keyword", "rollout.max_new_tokens=8", "rollout.group_
 
 def _capture_reserve(monkeypatch) -> list:
     """Record the Placement that build_actors reserves (and the options it hands out)."""
-    import pipeline.placement as placement
+    import pipeline.distributed.placement as placement
 
     seen = []
     real = placement.reserve
@@ -85,7 +85,7 @@ def test_tiny_run_trains_inside_a_placement_group(ray_local, tmp_path, monkeypat
 
 
 def test_a_group_that_cannot_be_placed_fails_with_asked_and_had(ray_local):
-    from pipeline.placement import PlacementError, PlacementPlan, reserve
+    from pipeline.distributed.placement import PlacementError, PlacementPlan, reserve
 
     plan = PlacementPlan(strategy="STRICT_PACK", bundles=[{"CPU": 2.0}, {"CPU": 2.0}])
     with pytest.raises(PlacementError) as e:
@@ -100,7 +100,7 @@ def test_a_group_that_cannot_be_placed_fails_with_asked_and_had(ray_local):
 
 
 def test_asking_for_gpus_on_the_local_ray_without_any_fails_at_launch(ray_local, tmp_path):
-    from pipeline.placement import PlacementError
+    from pipeline.distributed.placement import PlacementError
 
     if ray_local.cluster_resources().get("GPU"):
         pytest.skip("this Ray has GPUs")

@@ -17,9 +17,9 @@ import threading
 import pytest
 import torch
 
-from pipeline.cli import compose
-from pipeline.run import run_training
-from pipeline.weight_sync import WeightSyncError
+from pipeline.tools.cli import compose
+from pipeline.orchestration.run import run_training
+from pipeline.distributed.weight_sync import WeightSyncError
 
 pytestmark = pytest.mark.integration
 
@@ -40,9 +40,9 @@ def _free_port() -> int:
 def test_rollout_worker_and_scorer_apply_only_checked_weights(tiny_model_dir):
     from actors.rollout import RolloutWorker
     from actors.scorer import TeacherScorerWorker
-    from pipeline.collective_sync import (_broadcast, _trailer, broadcast_state_dict, init_group,
+    from pipeline.distributed.collective_sync import (_broadcast, _trailer, broadcast_state_dict, init_group,
                                           meta_of, plan_buckets, send_buckets)
-    from pipeline.config import EnvConfig, RolloutConfig
+    from pipeline.core.config import EnvConfig, RolloutConfig
 
     worker = RolloutWorker(RolloutConfig(precision="fp32"), EnvConfig(name="keyword"), str(tiny_model_dir))
     scorer = TeacherScorerWorker(str(tiny_model_dir), temperature=1.0, micro_batch_tokens=256, precision="fp32")
@@ -105,7 +105,7 @@ def _capture_final_weights(monkeypatch) -> dict:
     rank takes part, as ZeRO-3 needs) and every rollout worker's (version, per-tensor sums)."""
     import ray
 
-    import pipeline.run as run_mod
+    import pipeline.orchestration.run as run_mod
 
     captured: dict = {}
     kill = run_mod._kill

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pipeline.methods import build_method
-from pipeline.types import CriterionResult, Episode, EpisodeGroup, Message, TurnRecord
+from pipeline.core.types import CriterionResult, Episode, EpisodeGroup, Message, TurnRecord
 
 PENALTY = 0.1
 

@@ -1,4 +1,4 @@
-"""pipeline.advantages: GRPO, GiGPO and ADRS by hand and against slow loop references."""
+"""pipeline.algorithm.advantages: GRPO, GiGPO and ADRS by hand and against slow loop references."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from pipeline.advantages import (
+from pipeline.algorithm.advantages import (
     RowAdvantages,
     RowInput,
     adrs_advantages,
@@ -21,7 +21,7 @@ from pipeline.advantages import (
     rows_from_groups,
     tva_per_row,
 )
-from pipeline.types import Episode, EpisodeGroup, TurnRecord
+from pipeline.core.types import Episode, EpisodeGroup, TurnRecord
 
 EPS = 1e-6
 

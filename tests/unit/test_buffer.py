@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from pipeline.buffer import GroupBuffer
-from pipeline.types import Episode, EpisodeGroup, TurnRecord
+from pipeline.orchestration.buffer import GroupBuffer
+from pipeline.core.types import Episode, EpisodeGroup, TurnRecord
 
 
 def group(version: int, task: str = "t", won: bool = False, turns: int = 1) -> EpisodeGroup:

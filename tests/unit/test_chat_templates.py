@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from pipeline.chat_templates import TEMPLATES, resolve_chat_template, stop_token_ids
-from pipeline.cli import compose
-from pipeline.config import ConfigError
+from pipeline.core.chat_templates import TEMPLATES, resolve_chat_template, stop_token_ids
+from pipeline.tools.cli import compose
+from pipeline.core.config import ConfigError
 from pipeline.models import has_chat_template, load_tokenizer
 
 CONVERSATION = [
@@ -88,7 +88,7 @@ def _base_model_copy(src, dst):
 def test_a_base_model_without_template_is_refused_before_ray_starts(tiny_bytes_model_dir, tmp_path):
     import ray
 
-    from pipeline.run import run_training
+    from pipeline.orchestration.run import run_training
 
     base = _base_model_copy(tiny_bytes_model_dir, tmp_path / "base")
     assert not has_chat_template(load_tokenizer(base))
@@ -101,7 +101,7 @@ def test_a_base_model_without_template_is_refused_before_ray_starts(tiny_bytes_m
 
 
 def test_model_chat_template_gives_a_base_model_one_with_its_stop_token(tiny_bytes_model_dir, tmp_path):
-    from pipeline.run import check_model
+    from pipeline.orchestration.run import check_model
 
     base = _base_model_copy(tiny_bytes_model_dir, tmp_path / "base")
     cfg = compose(["model=hf_path", f"model.path={base}", "model.chat_template=chatml", "env=keyword"])

@@ -1,4 +1,4 @@
-"""pipeline/collective_sync.py: the bucket plan (pure), and real gloo broadcasts on this machine.
+"""pipeline/distributed/collective_sync.py: the bucket plan (pure), and real gloo broadcasts on this machine.
 
 The round trip runs between 3 processes (this one sends, two spawned ones receive); the error
 cases run the group members as threads of this process (a gloo group does not care), with real
@@ -15,9 +15,9 @@ import traceback
 import pytest
 import torch
 
-from pipeline.collective_sync import (Bucket, broadcast_state_dict, init_group, meta_of,
+from pipeline.distributed.collective_sync import (Bucket, broadcast_state_dict, init_group, meta_of,
                                       plan_buckets, receive_state_dict, send_buckets)
-from pipeline.weight_sync import WeightSyncError, _checksum
+from pipeline.distributed.weight_sync import WeightSyncError, _checksum
 
 F32, BF16 = torch.float32, torch.bfloat16
 TIMEOUT_S = 60.0
@@ -205,7 +205,7 @@ def test_wrong_version_raises():
 
 def test_payload_not_matching_the_trailer_raises():
     """The buckets of a corrupted state dict, then the trailer of the good one."""
-    from pipeline.collective_sync import _broadcast, _trailer
+    from pipeline.distributed.collective_sync import _broadcast, _trailer
 
     sd = _state_dict()
     bad = {k: v.clone() for k, v in sd.items()}
@@ -221,7 +221,7 @@ def test_payload_not_matching_the_trailer_raises():
 
 
 def test_corrupt_trailer_counts_raise():
-    from pipeline.collective_sync import _broadcast
+    from pipeline.distributed.collective_sync import _broadcast
 
     sd = _state_dict()
     meta = meta_of(sd)
@@ -260,7 +260,7 @@ def test_a_sender_whose_state_dict_left_the_meta_refuses_and_the_receiver_times_
 
 
 def test_config_refuses_an_nccl_weight_group_with_colocated_pairs():
-    from pipeline.config import ConfigError, PrivyConfig, validate
+    from pipeline.core.config import ConfigError, PrivyConfig, validate
 
     cfg = PrivyConfig()
     cfg.cluster.placement, cfg.cluster.colocate, cfg.cluster.weight_sync = "pack", True, "collective"

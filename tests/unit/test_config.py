@@ -1,8 +1,8 @@
 """Config composition and launch-time validation."""
 import pytest
 
-from pipeline.cli import compose
-from pipeline.config import ConfigError, PrivyConfig
+from pipeline.tools.cli import compose
+from pipeline.core.config import ConfigError, PrivyConfig
 
 # Top-level keys are part of the user-facing surface: adding one must be a deliberate change.
 EXPECTED_TOP_LEVEL = {"model", "env", "rollout", "learner", "scorer", "trainer", "cluster", "logger", "method",

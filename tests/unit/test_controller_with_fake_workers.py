@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from pipeline.config import PrivyConfig
-from pipeline.controller import Controller, task_seed
-from pipeline.logging import MetricsLogger
+from pipeline.core.config import PrivyConfig
+from pipeline.orchestration.controller import Controller, task_seed
+from pipeline.tools.logging import MetricsLogger
 from pipeline.methods import build_method
-from pipeline.types import Episode, EpisodeGroup, TurnRecord
+from pipeline.core.types import Episode, EpisodeGroup, TurnRecord
 
 
 class FakeWorker:
@@ -100,7 +100,7 @@ def test_fake_lag_one_overlaps_rollout_with_training_and_stays_within_the_bound(
 def test_fake_lag_one_trains_the_slow_workers_groups_within_the_bound():
     """Two fast workers and one seven times slower at lag 1: the slow worker's groups are trained
     (the buffer waits for a group that is due instead of dropping it), and no group is too old."""
-    import pipeline.controller as controller_module
+    import pipeline.orchestration.controller as controller_module
 
     learner = FakeLearner(0.02)
     trained: list[list[str]] = []
@@ -142,7 +142,7 @@ def test_fake_rollout_failure_stops_the_run_with_its_error():
 def test_fake_failed_weight_sync_stops_the_run_before_the_next_step():
     """A publish that raises WeightSyncError (a receiver refused a partial or corrupt sync) ends
     the run with a message naming the step; no step trains on the stale weights."""
-    from pipeline.weight_sync import WeightSyncError
+    from pipeline.distributed.weight_sync import WeightSyncError
 
     class BrokenSync(FakeLearner):
         async def publish(self, version, workers, scorer=None):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from pipeline.feedback_selection import (
+from pipeline.tools.feedback_selection import (
     Rates,
     adopt,
     adopted_map,
@@ -15,8 +15,8 @@ from pipeline.feedback_selection import (
     rates,
     select,
 )
-from pipeline.privileged import FEEDBACK_HEADER
-from pipeline.types import CriterionResult, Episode, Message
+from pipeline.context.placement import FEEDBACK_HEADER
+from pipeline.core.types import CriterionResult, Episode, Message
 
 
 @pytest.mark.parametrize("pw,pwo,sw,swo,expected", [

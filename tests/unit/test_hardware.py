@@ -1,11 +1,11 @@
-"""The precision decision (``pipeline.hardware``) for both kinds of CPU, by injecting what the
+"""The precision decision (``pipeline.core.hardware``) for both kinds of CPU, by injecting what the
 hardware reports, and the thread count each actor sets."""
 import pytest
 import torch
 
-from pipeline.cli import compose
-from pipeline.config import ConfigError
-from pipeline.hardware import CpuFeatures, choose_precision, set_threads
+from pipeline.tools.cli import compose
+from pipeline.core.config import ConfigError
+from pipeline.core.hardware import CpuFeatures, choose_precision, set_threads
 
 AVX2 = CpuFeatures(capability="AVX2", avx512_bf16=False, amx_bf16=False)
 AVX512_NO_BF16 = CpuFeatures(capability="AVX512", avx512_bf16=False, amx_bf16=False)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from actors.learner import ds_config
-from pipeline.config import LearnerConfig
-from pipeline.microbatch import to_device
-from pipeline.types import AuxTerm, TrainBatch
+from pipeline.core.config import LearnerConfig
+from pipeline.core.microbatch import to_device
+from pipeline.core.types import AuxTerm, TrainBatch
 
 
 def test_ds_config_offloads_only_what_is_asked():
@@ -52,7 +52,7 @@ def test_to_device_moves_every_tensor_and_keeps_the_rest():
 
 
 def test_ds_accelerator_is_forced_to_cpu_only_without_cuda():
-    from pipeline.run import RUNTIME_ENV_DEFAULTS
+    from pipeline.orchestration.run import RUNTIME_ENV_DEFAULTS
 
     if torch.cuda.is_available():
         assert "DS_ACCELERATOR" not in RUNTIME_ENV_DEFAULTS

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from pipeline.logprobs import forward_response, position_ids_from_mask
+from pipeline.algorithm.logprobs import forward_response, position_ids_from_mask
 
 VOCAB = 128
 

@@ -1,4 +1,4 @@
-"""pipeline.losses: closed forms, slow per-token references, gradient signs, aggregation."""
+"""pipeline.algorithm.losses: closed forms, slow per-token references, gradient signs, aggregation."""
 from __future__ import annotations
 
 import inspect
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pipeline.losses import (
+from pipeline.algorithm.losses import (
     AUX_LOSSES,
     entropy_bonus,
     full_kl,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from method_groups import PENALTY, build, episode, group, turn
 
-from pipeline.advantages import grpo_advantages, rows_from_groups
+from pipeline.algorithm.advantages import grpo_advantages, rows_from_groups
 from pipeline.methods import build_method
 from pipeline.methods.retire_opd import TEACHER_META, read_teacher_success_rate, write_teacher_meta
 

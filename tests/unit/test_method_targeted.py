@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from method_groups import PENALTY, build, episode, group, turn
 
-from pipeline.advantages import grpo_advantages, rows_from_groups
+from pipeline.algorithm.advantages import grpo_advantages, rows_from_groups
 from pipeline.methods.targeted import turn_feedback
-from pipeline.types import CriterionResult
+from pipeline.core.types import CriterionResult
 
 
 def crit(name: str, passed: bool, failing_turn: int | None = None, feedback: str | None = None):

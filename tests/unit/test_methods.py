@@ -10,9 +10,9 @@ import pytest
 import torch
 from method_groups import PENALTY, build, scored_groups, unscored
 
-from pipeline.advantages import adrs_advantages, gigpo_advantages, grpo_advantages, rows_from_groups
-from pipeline.batching import build_train_batch, rows_of
-from pipeline.losses import AUX_LOSSES, AUX_NEEDS_LOGITS
+from pipeline.algorithm.advantages import adrs_advantages, gigpo_advantages, grpo_advantages, rows_from_groups
+from pipeline.orchestration.batches import build_train_batch, rows_of
+from pipeline.algorithm.losses import AUX_LOSSES, AUX_NEEDS_LOGITS
 from pipeline.methods import available_methods, build_method
 from pipeline.methods.base import METHODS
 
@@ -48,7 +48,7 @@ def test_registry_holds_all_ten_methods():
 
 @pytest.mark.parametrize("name", ALL)
 def test_every_method_yaml_builds_and_matches_the_options_defaults(name):
-    from pipeline.cli import compose
+    from pipeline.tools.cli import compose
 
     raw = compose([f"method={name}", "env=alfworld"]).method  # skill_bank follows env.name
     method = build_method(raw, total_steps=10, invalid_action_penalty=PENALTY)
@@ -63,7 +63,7 @@ def test_every_yaml_starts_with_a_one_line_comment():
 
 
 def test_paper_values_are_reachable_by_hydra_overrides():
-    from pipeline.cli import compose
+    from pipeline.tools.cli import compose
 
     cfg = compose(["method=sdar", "method.beta=10", "method.lam=0.1"])
     sdar = build_method(cfg.method, total_steps=10, invalid_action_penalty=PENALTY)
@@ -133,7 +133,7 @@ def test_every_method_credit_fits_the_train_batch_builder(name):
 
 
 def _failed(criterion: str, turn: int):
-    from pipeline.types import CriterionResult
+    from pipeline.core.types import CriterionResult
 
     return CriterionResult(criterion=criterion, passed=False, failing_turn=turn, feedback=f"fix {criterion}")
 

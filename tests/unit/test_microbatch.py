@@ -3,8 +3,8 @@ import pickle
 
 import torch
 
-from pipeline.microbatch import slice_rows, split_by_tokens, split_rows
-from pipeline.types import TrainBatch
+from pipeline.core.microbatch import slice_rows, split_by_tokens, split_rows
+from pipeline.core.types import TrainBatch
 
 
 def batch_of(lengths: list[int], width: int | None = None) -> TrainBatch:

@@ -1,4 +1,4 @@
-"""Placement planning (pipeline/placement.py) and the GPU cluster configs (conf/cluster/gpu_*.yaml).
+"""Placement planning (pipeline/distributed/placement.py) and the GPU cluster configs (conf/cluster/gpu_*.yaml).
 
 The plan is pure: bundles and per-actor resources from the config, or a ConfigError naming what to
 change. Nothing here starts Ray (the integration test test_placement_local.py does).
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.cli import compose
-from pipeline.config import ConfigError, PrivyConfig
-from pipeline.placement import (ActorPlacement, Placement, PlacementError, check_gpus,
+from pipeline.tools.cli import compose
+from pipeline.core.config import ConfigError, PrivyConfig
+from pipeline.distributed.placement import (ActorPlacement, Placement, PlacementError, check_gpus,
                                 check_launch_gpus, plan_placement)
 
 
@@ -149,7 +149,7 @@ def test_gpu_1x8_config_is_four_learners_three_engines_and_the_scorer_on_eight_g
 
 @pytest.mark.parametrize("cluster", ["gpu_1x8", "gpu_multinode", "gpu_colocated"])
 def test_gpu_configs_run_the_teacher_scorer_on_a_gpu_in_bf16(cluster):
-    from pipeline.hardware import choose_precision
+    from pipeline.core.hardware import choose_precision
 
     cfg = compose([f"cluster={cluster}", "method=sdar"])
     assert cfg.scorer.num_gpus == 1 and plan_placement(cfg, with_scorer=True).scorer.num_gpus == 1
@@ -208,7 +208,7 @@ def test_check_launch_refuses_gpus_on_a_local_ray_without_them():
     import ray
     import torch
 
-    from pipeline.run import check_launch
+    from pipeline.orchestration.run import check_launch
 
     if torch.cuda.is_available() or (ray.is_initialized() and ray.cluster_resources().get("GPU")):
         pytest.skip("needs a machine without CUDA")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.privileged import (FEEDBACK_HEADER, SKILL_HEADER, Placement, PrivilegedPrompt, insert_feedback,
+from pipeline.context.placement import (FEEDBACK_HEADER, SKILL_HEADER, Placement, PrivilegedPrompt, insert_feedback,
                                  with_privileged)
-from pipeline.types import Message
+from pipeline.core.types import Message
 
 SKILLS = "### General principles\n- **Heat**: use the microwave (when: hot goals)"
 

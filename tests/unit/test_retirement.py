@@ -1,4 +1,4 @@
-"""pipeline.retirement: RetireOPD's windowed retirement rule on constructed K / SR sequences."""
+"""pipeline.algorithm.retirement: RetireOPD's windowed retirement rule on constructed K / SR sequences."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pipeline.retirement import RetirementController
+from pipeline.algorithm.retirement import RetirementController
 
 
 def run(ctrl: RetirementController, ks: list[float], srs: list[float], start_step: int = 1) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Token ids of privileged teacher prompts (pipeline/teacher_prompts.py)."""
+"""Token ids of privileged teacher prompts (pipeline/context/prompts.py)."""
 from __future__ import annotations
 
 import copy
@@ -6,8 +6,8 @@ import copy
 import pytest
 
 from pipeline.models import load_tokenizer
-from pipeline.teacher_prompts import TeacherPrompts
-from pipeline.types import Message, TurnRecord
+from pipeline.context.prompts import TeacherPrompts
+from pipeline.core.types import Message, TurnRecord
 
 
 def turn(messages: list[Message], tok) -> TurnRecord:

@@ -25,7 +25,7 @@ if os.environ.get("PRIVY_REQUIRE_VLLM") != "1":
 
 from actors.engines.base import FinishReason  # noqa: E402
 from actors.engines.vllm import VLLMEngine, cpu_bind, request_seed  # noqa: E402
-from pipeline.logprobs import response_logprobs  # noqa: E402
+from pipeline.algorithm.logprobs import response_logprobs  # noqa: E402
 from pipeline.models import load_model  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]

@@ -15,8 +15,8 @@ import pytest
 if os.environ.get("PRIVY_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm")
 
-from pipeline.cli import compose  # noqa: E402
-from pipeline.run import run_training  # noqa: E402
+from pipeline.tools.cli import compose  # noqa: E402
+from pipeline.orchestration.run import run_training  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from pipeline.hardware import PRECISIONS
+from pipeline.core.hardware import PRECISIONS
 
 
 class ConfigError(ValueError):
@@ -31,7 +31,7 @@ class ModelConfig:
     path: str | None = None  # an HF causal-LM directory; overrides `name`
     cache_dir: str | None = None  # where converted models live (default $PRIVY_CACHE or ~/.cache/privy-rl)
     # Chat template for a tokenizer that has none (base models) or to replace its own: a named
-    # template (chatml | llama3 | qwen2 | gemma, pipeline/chat_templates.py) or a Jinja file path.
+    # template (chatml | llama3 | qwen2 | gemma, pipeline/core/chat_templates.py) or a Jinja file path.
     chat_template: str | None = None
 
 
@@ -67,7 +67,7 @@ class RolloutConfig:
     max_prompt_tokens: int = 1536  # history is cut (oldest first) to fit; the task is never cut
     temperature: float = 1.0  # sampling temperature; the learner scores with the same one
     top_p: float = 1.0
-    precision: str = "auto"  # engine weights: auto (bf16 where native, pipeline/hardware.py) | fp32 | bf16
+    precision: str = "auto"  # engine weights: auto (bf16 where native, pipeline/core/hardware.py) | fp32 | bf16
     val_temperatures: list[float] = field(default_factory=lambda: [0.4, 0.0])
     num_cpus: float = 1.0  # Ray CPUs per rollout actor
     num_gpus: float = 0.0  # Ray GPUs per rollout actor (vLLM: tensor_parallel_size; < 1 when colocated)
@@ -78,7 +78,7 @@ class RolloutConfig:
 class LearnerConfig:
     num_learners: int = 1  # DeepSpeed data-parallel ranks
     zero_stage: int = 0  # 0-3
-    precision: str = "auto"  # auto (bf16 where native, pipeline/hardware.py) | fp32 | bf16 (fp32 master weights)
+    precision: str = "auto"  # auto (bf16 where native, pipeline/core/hardware.py) | fp32 | bf16 (fp32 master weights)
     lr: float = 1e-6
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -130,12 +130,12 @@ class ClusterConfig:
     num_cpus: int | None = None  # for a local Ray; None = all
     dashboard: bool = False
     threads_per_actor: int | None = None  # torch threads per actor; None = all cores at lag 0, else shared
-    # Placement (pipeline/placement.py): none = let Ray place each actor; pack | spread = one
+    # Placement (pipeline/distributed/placement.py): none = let Ray place each actor; pack | spread = one
     # placement group with a bundle per actor; colocate = learners and rollout engines share bundles.
     placement: str = "none"  # none | pack | spread
     colocate: bool = False
     placement_timeout_s: float = 300.0  # wait this long for the placement group, then fail
-    # Weight sync (pipeline/weight_sync.py): object_store = packets through Ray's object store (CPU
+    # Weight sync (pipeline/distributed/weight_sync.py): object_store = packets through Ray's object store (CPU
     # default); collective = bucketed broadcast from learner rank 0 over a torch.distributed group.
     weight_sync: str = "object_store"  # object_store | collective
     sync_backend: str = "auto"  # auto (nccl with CUDA, else gloo) | gloo | nccl
@@ -193,7 +193,7 @@ def validate(cfg: PrivyConfig) -> None:
     _require(cfg.scorer.micro_batch_tokens is None or cfg.scorer.micro_batch_tokens >= 64,
              "scorer.micro_batch_tokens must be >= 64 (or null: learner.micro_batch_tokens)")
     if cfg.model.chat_template is not None:
-        from pipeline.chat_templates import TEMPLATES
+        from pipeline.core.chat_templates import TEMPLATES
 
         ct = cfg.model.chat_template
         _require(ct in TEMPLATES or Path(ct).expanduser().is_file(),

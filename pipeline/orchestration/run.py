@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.config import ConfigError, PrivyConfig
+from pipeline.core.config import ConfigError, PrivyConfig
 
 
 def _driver_has_cuda() -> bool:
@@ -71,7 +71,7 @@ def check_launch(cfg: PrivyConfig):
     if need_val is not None and cfg.trainer.val_every != need_val:
         raise ConfigError(f"method={method.name} closes its windows on validation: set "
                           f"trainer.val_every={need_val} (got {cfg.trainer.val_every})")
-    from pipeline.placement import check_launch_gpus, plan_placement
+    from pipeline.distributed.placement import check_launch_gpus, plan_placement
 
     check_launch_gpus(cfg, plan_placement(cfg, with_scorer=method.teacher_spec() is not None))
     need = cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_learners * cfg.learner.num_cpus
@@ -126,7 +126,7 @@ def start_ray(cfg: PrivyConfig) -> None:
     if ray.is_initialized():
         return
     env_vars = {k: os.environ[k] for k in RUNTIME_ENV_DEFAULTS if k in os.environ}
-    env_vars["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+    env_vars["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                              os.environ.get("PYTHONPATH", "")])
     if cfg.cluster.address is None:
         ray.init(address="local", num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
@@ -153,8 +153,8 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
     from actors.rollout import RolloutWorker
     from actors.scorer import TeacherScorer, TeacherScorerWorker
     from pipeline.models import load_tokenizer
-    from pipeline.placement import check_launch_gpus, plan_placement, reserve
-    from pipeline.teacher_prompts import SkillPromptHook, TeacherPrompts, default_system_prompt, make_retriever
+    from pipeline.distributed.placement import check_launch_gpus, plan_placement, reserve
+    from pipeline.context.prompts import SkillPromptHook, TeacherPrompts, default_system_prompt, make_retriever
 
     n_threads = actor_threads(cfg)
     threads = {"env_vars": {"OMP_NUM_THREADS": str(n_threads), "MKL_NUM_THREADS": str(n_threads)}}
@@ -253,9 +253,9 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     """Train; returns the per-step metrics. Raises ConfigError for a bad config."""
     from omegaconf import OmegaConf
 
-    from pipeline.checkpoint import Checkpointer, load_state, resolve_checkpoint
-    from pipeline.controller import Controller, ControllerState
-    from pipeline.logging import make_logger
+    from pipeline.orchestration.checkpoint import Checkpointer, load_state, resolve_checkpoint
+    from pipeline.orchestration.controller import Controller, ControllerState
+    from pipeline.tools.logging import make_logger
     from pipeline.models import resolve_model
 
     set_process_env()
@@ -338,7 +338,7 @@ class RunStopped(KeyboardInterrupt):
 
 def init_weight_sync(cfg: PrivyConfig, learner, workers: list, scorer, actors: list) -> None:
     """``cluster.weight_sync=collective``: form the broadcast group (learner rank 0 + consumers,
-    pipeline/collective_sync.py) before the first sync. On failure the actors are freed."""
+    pipeline/distributed/collective_sync.py) before the first sync. On failure the actors are freed."""
     if cfg.cluster.weight_sync != "collective":
         return
     c = cfg.cluster
@@ -354,7 +354,7 @@ def _kill(actors: list) -> None:
     """Free the actors' CPU reservations (a following phase needs them)."""
     import ray
 
-    from pipeline.placement import Placement
+    from pipeline.distributed.placement import Placement
 
     for a in actors:
         try:
@@ -380,7 +380,7 @@ def _resume_phases(cfg: PrivyConfig, method, run_dir: Path) -> str | None:
     """``trainer.resume`` of a method with a first phase (RetireOPD): the checkpoint to resume the
     second phase from, or None when it must start fresh after the first phase has been finished
     (resumed from its own last checkpoint if it died, adopted as it is if it had completed)."""
-    from pipeline.checkpoint import resolve_checkpoint
+    from pipeline.orchestration.checkpoint import resolve_checkpoint
 
     pre = type(method).prerequisite(cfg.method)
     if pre is None:
@@ -408,7 +408,7 @@ def _run_prerequisite(cfg: PrivyConfig, method, run_dir: Path, resume_from: Path
     when it had finished)."""
     import copy
 
-    from pipeline.checkpoint import resolve_checkpoint
+    from pipeline.orchestration.checkpoint import resolve_checkpoint
 
     pre = type(method).prerequisite(cfg.method)
     if pre is None:

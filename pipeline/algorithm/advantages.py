@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pipeline.types import EpisodeGroup
+    from pipeline.core.types import EpisodeGroup
 
 EPS_STD = 1e-6  # GRPO / GiGPO denominator epsilon and the "zero std" threshold
 _F64 = torch.float64

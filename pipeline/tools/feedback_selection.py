@@ -3,7 +3,7 @@
 For each criterion's candidate strings (``{criterion: [string, ...]}``, JSON or YAML), the base
 policy plays the same N tasks (seeds ``0..N-1``, one episode each, the same sampling seeds) once
 WITHOUT feedback and once WITH each string, the string appended to the last user message exactly
-as the teacher prompt places it (``pipeline.privileged.insert_feedback``). A string is adopted iff
+as the teacher prompt places it (``pipeline.context.placement.insert_feedback``). A string is adopted iff
 
     pass_rate_with(criterion)  >  pass_rate_without(criterion) + min_gain    and
     success_with               >= success_without                              (won rate)
@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipeline.privileged import insert_feedback
-from pipeline.types import Episode
+from pipeline.context.placement import insert_feedback
+from pipeline.core.types import Episode
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def run(*, env: str, candidates: dict[str, list[str]], n_tasks: int, model: str,
         max_prompt_tokens: int = 1536, engine=None) -> list[Outcome]:
     """Build the HF engine + rollout worker, run the selection, write the outputs."""
     from actors.rollout import RolloutWorker
-    from pipeline.config import EnvConfig, RolloutConfig
+    from pipeline.core.config import EnvConfig, RolloutConfig
     from pipeline.models import resolve_model
 
     path = str(resolve_model(model))

@@ -32,7 +32,7 @@ import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 
-from pipeline.types import EpisodeGroup
+from pipeline.core.types import EpisodeGroup
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config import ConfigError, PrivyConfig
+from pipeline.core.config import ConfigError, PrivyConfig
 
 EPS = 1e-9
 

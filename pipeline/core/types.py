@@ -1,6 +1,6 @@
 """Typed records that flow rollout -> scorer -> learner.
 
-Shape convention (used across the project, see also ``pipeline/losses.py``): list fields carry a
+Shape convention (used across the project, see also ``pipeline/algorithm/losses.py``): list fields carry a
 shape comment such as ``# [n_response]``; tensors carry ``# [B, T]`` comments where B = rows
 (assistant turns) of a batch and T = padded sequence length.
 
@@ -127,7 +127,7 @@ class EpisodeGroup:
 class AuxTerm:
     """One auxiliary loss component the learner adds as ``coef * component``.
 
-    The learner looks ``kind`` up in the loss registry (``pipeline.losses.AUX_LOSSES``); it never
+    The learner looks ``kind`` up in the loss registry (``pipeline.algorithm.losses.AUX_LOSSES``); it never
     knows which method asked for it.
     """
 

@@ -1,7 +1,7 @@
 """RetireOPD's adaptive teacher retirement (METHODS.md, ``retire_opd``), as a plain class.
 
 Per training step n the method records the alignment ``K_n = token_mean(lp_prox - lpT)`` over the
-step's batch, measured by the learner (the ``alignment`` metric of ``pipeline.losses.k3_is``: its
+step's batch, measured by the learner (the ``alignment`` metric of ``pipeline.algorithm.losses.k3_is``: its
 own log-probs before the step's update, never the rollout engine's). Steps are grouped in windows of W; when a window closes, the
 controller wants a validation success rate SR_m (``needs_validation``) and ``end_window`` then
 computes ``Kbar_m`` = mean of the window's K_n and, for m >= 2::

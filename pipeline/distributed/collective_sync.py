@@ -1,7 +1,7 @@
 """Weight sync over a torch.distributed group: learner rank 0 broadcasts, consumers receive.
 
 This is the route GPU frameworks (verl, OpenRLHF, SkyRL) take from the trainer to the inference
-engines; the object store route (``pipeline/weight_sync.py``) stays the CPU default.
+engines; the object store route (``pipeline/distributed/weight_sync.py``) stays the CPU default.
 
 * The group is NOT the default process group: learner ranks already use that one for DeepSpeed,
   and each rollout worker / the scorer is a separate process with no default group (or with
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from pipeline.weight_sync import WeightSyncError, _checksum, checksum_matches
+from pipeline.distributed.weight_sync import WeightSyncError, _checksum, checksum_matches
 
 DEFAULT_TIMEOUT_S = 600.0  # per collective op (and for the group's rendezvous)
 

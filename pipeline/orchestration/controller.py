@@ -1,7 +1,7 @@
 """The asynchronous controller: a few named loops around one bounded buffer.
 
 * ``_rollout_loop`` (one per rollout worker): wait for admission (the staleness bound, see
-  ``pipeline/buffer.py``), play one group, put it in the buffer.
+  ``pipeline/orchestration/buffer.py``), play one group, put it in the buffer.
 * ``_train_loop``: take ``groups_per_step`` groups, score them with the teacher if the method
   wants one, assign credit, train, publish the new weights, then validate / checkpoint when due.
 
@@ -24,12 +24,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.batching import build_train_batch, minibatch_bounds, rows_of
-from pipeline.buffer import GroupBuffer
-from pipeline.config import PrivyConfig
-from pipeline.microbatch import slice_rows
-from pipeline.types import EpisodeGroup
-from pipeline.weight_sync import WeightSyncError
+from pipeline.orchestration.batches import build_train_batch, minibatch_bounds, rows_of
+from pipeline.orchestration.buffer import GroupBuffer
+from pipeline.core.config import PrivyConfig
+from pipeline.core.microbatch import slice_rows
+from pipeline.core.types import EpisodeGroup
+from pipeline.distributed.weight_sync import WeightSyncError
 
 
 class Aborted(Exception):

@@ -1,6 +1,6 @@
 """Loss components: pure functions over tensors, each returning ``(loss, metrics)``.
 
-Shape convention (the project's, see ``pipeline/types.py``): ``# [B, T]`` comments name tensor
+Shape convention (the project's, see ``pipeline/core/types.py``): ``# [B, T]`` comments name tensor
 shapes; B = rows (one assistant turn each), T = padded positions, V = vocabulary size. A value
 at position t describes the response token at t. ``mask`` is the float response-token mask
 ``# [B, T]`` (1 on sampled response tokens, 0 on prompt and padding).
@@ -337,7 +337,7 @@ def full_kl(
 
     Learner-facing contract. ``student_logits`` and ``teacher_logits`` are ``# [N_resp, V]``: one
     row per response token of ``mask``, in row-major order of ``mask.nonzero()`` (the order of
-    ``pipeline.logprobs.forward_response(..., with_logits=True)``), row i holding the logits that
+    ``pipeline.algorithm.logprobs.forward_response(..., with_logits=True)``), row i holding the logits that
     *predict* that token (model output at position t-1), already divided by the rollout
     temperature. Student rows come from the forward on ``input_ids``; teacher rows from the
     forward (same weights, no grad) on ``teacher_input_ids`` at ``teacher_response_mask``, which

@@ -19,8 +19,8 @@ import zlib
 from dataclasses import dataclass
 
 from envs.skills import SkillRetriever, load_bank
-from pipeline.privileged import insert_feedback, with_privileged
-from pipeline.types import Message, TurnRecord
+from pipeline.context.placement import insert_feedback, with_privileged
+from pipeline.core.types import Message, TurnRecord
 
 
 def make_retriever(opts: dict, env_name: str, seed: int = 0) -> SkillRetriever:
@@ -70,7 +70,7 @@ class TeacherPrompts:
     """Token ids of privileged prompts: the row's own prompt ids with the privileged text inserted.
 
     The teacher's prompt is rendered from the row's messages with the privileged text at its
-    placement (``pipeline.privileged``) and compared with the student's rendered prompt. Where
+    placement (``pipeline.context.placement``) and compared with the student's rendered prompt. Where
     the difference is a pure insertion at a token boundary of the student's ids (every placement
     here puts it right before a template token, or in front of the whole prompt), the teacher ids
     are ``student_ids[:k] + ids(inserted text) + student_ids[k:]``: exactly the prompt that was

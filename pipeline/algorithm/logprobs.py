@@ -7,7 +7,7 @@ output layer. Prompt positions never reach the LM head: for typical agent turns 
 short response) that is most of the vocabulary projection TRL spends (NOTES.md, "Peer baseline"),
 and no ``[B, T, V]`` tensor is ever built: the largest is ``[N_sel, V]``.
 
-Conventions (as ``pipeline.types.TrainBatch``): tensors are ``[B, T]``; a value at position t
+Conventions (as ``pipeline.core.types.TrainBatch``): tensors are ``[B, T]``; a value at position t
 describes token t, predicted from position t-1. Position ids are ``cumsum(attention_mask) - 1``,
 the same rule HF ``generate`` uses, so left- and right-padded batches give the same numbers.
 

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 def compose(overrides: list[str] | None = None):
@@ -18,7 +18,7 @@ def compose(overrides: list[str] | None = None):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from pipeline.config import register_schema, to_config
+    from pipeline.core.config import register_schema, to_config
 
     register_schema()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -37,9 +37,9 @@ def _fail(kind: str, err: BaseException) -> None:
 def train_from_hydra(dcfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from pipeline.config import ConfigError, to_config
-    from pipeline.controller import Aborted
-    from pipeline.run import RunStopped, run_training
+    from pipeline.core.config import ConfigError, to_config
+    from pipeline.orchestration.controller import Aborted
+    from pipeline.orchestration.run import RunStopped, run_training
 
     try:
         cfg = to_config(dcfg)
@@ -59,7 +59,7 @@ def train_from_hydra(dcfg) -> None:
         cause = getattr(e, "cause", None) or e
         _fail(type(cause).__name__, cause)
     else:
-        from pipeline.plotting import try_plot
+        from pipeline.tools.plotting import try_plot
 
         try_plot(run_dir)
         last = history[-1] if history else {}
@@ -70,7 +70,7 @@ def train_from_hydra(dcfg) -> None:
 def main() -> None:
     import hydra
 
-    from pipeline.config import register_schema
+    from pipeline.core.config import register_schema
 
     register_schema()
     hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(train_from_hydra)()

@@ -10,7 +10,7 @@ from dataclasses import fields, replace
 
 import torch
 
-from pipeline.types import TrainBatch
+from pipeline.core.types import TrainBatch
 
 # TrainBatch fields that are [B, T] tensors aligned with input_ids.
 _ALIGNED = ("input_ids", "attention_mask", "response_mask", "behaviour_logprobs", "advantages")

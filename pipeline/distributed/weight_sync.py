@@ -2,7 +2,7 @@
 
 Two routes (``cluster.weight_sync``). ``object_store``, the CPU default: learner rank 0 returns a
 ``WeightPacket`` (put once, read by every consumer). ``collective``: learner rank 0 broadcasts
-over a torch.distributed group (``pipeline/collective_sync.py``). Either way every sync carries
+over a torch.distributed group (``pipeline/distributed/collective_sync.py``). Either way every sync carries
 the weights version, the tensor count, the parameter count and a checksum; the receiver checks
 them before it swaps anything in, so a partial or corrupted sync is detected and refused, never
 silently trained or sampled on.

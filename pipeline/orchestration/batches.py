@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.types import AuxTerm, EpisodeGroup, TrainBatch, TurnRecord
+from pipeline.core.types import AuxTerm, EpisodeGroup, TrainBatch, TurnRecord
 
 
 @dataclass

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from pipeline.types import Message
+from pipeline.core.types import Message
 
 SKILL_HEADER = "[Privileged Skill Information]"
 FEEDBACK_HEADER = "[Feedback on your previous attempt]"
@@ -88,7 +88,7 @@ def with_privileged(messages: Sequence[Message], privileged: str, placement: str
                     default_system: str | None = None) -> PrivilegedPrompt:
     """The teacher prompt for one turn row. Empty ``privileged`` text leaves the prompt unchanged.
     ``default_system``: the chat template's default system prompt, if it has one
-    (``pipeline.teacher_prompts.default_system_prompt``)."""
+    (``pipeline.context.prompts.default_system_prompt``)."""
     if placement not in set(Placement):
         raise ValueError(f"skills placement {placement!r}: choose one of {[p.value for p in Placement]}")
     placement = Placement(placement)
