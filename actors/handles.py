@@ -1,17 +1,17 @@
 """Async handles the controller drives: Ray actors in a run, plain objects in tests.
 
-The controller only awaits ``run_group`` / ``train_step`` / ``publish`` / ``save`` / ``load``;
-whether those run in a Ray actor or in a thread of this process is the handle's business.
+The controller only awaits ``run_group`` / ``train_step`` / ``publish`` / ``save`` / ``load``
+(tests drive it with in-process fakes of the same surface).
 """
 from __future__ import annotations
 
 import asyncio
 import time
 
-from actors.learner import combine_step_metrics
+from pipeline.algorithm.metrics import combine, values
 from pipeline.core.microbatch import split_rows
 from pipeline.core.types import TrainBatch
-from pipeline.distributed.weight_sync import WeightSyncError, pack
+from pipeline.distributed.weight_sync import WeightSyncError
 
 
 # ----- rollout -----------------------------------------------------------------------------------
@@ -38,38 +38,12 @@ class RayRollout:
         return await self.actor.receive_weights.remote(version)
 
 
-class LocalRollout:
-    """A plain ``RolloutWorker`` run in a thread (tests, and debugging without Ray)."""
-
-    def __init__(self, worker):
-        self.worker = worker
-
-    async def run_group(self, **kw):
-        return await asyncio.to_thread(self.worker.run_group, **kw)
-
-    async def set_weights(self, packet) -> int:
-        return self.worker.set_weights(packet)
-
-    async def sleep(self) -> None:
-        await asyncio.to_thread(self.worker.sleep)
-
-    async def wake_up(self) -> None:
-        await asyncio.to_thread(self.worker.wake_up)
-
-    # Blocking collectives: in threads, so the learner's side can run at the same time.
-    async def init_weight_group(self, *a, **kw) -> int:
-        return await asyncio.to_thread(self.worker.init_weight_group, *a, **kw)
-
-    async def receive_weights(self, version: int) -> int:
-        return await asyncio.to_thread(self.worker.receive_weights, version)
-
-
 # ----- learner -----------------------------------------------------------------------------------
 class LearnerGroup:
     """M learner ranks forming one data-parallel group; rank 0 publishes weights.
 
-    ``ranks`` are Ray actor handles of ``LearnerActor`` (or, via ``LocalLearner``, one plain
-    ``LearnerWorker``). Rows of every mini-batch are sharded contiguously across ranks.
+    ``ranks`` are Ray actor handles of ``LearnerActor``. Rows of every mini-batch are sharded
+    contiguously across ranks.
     """
 
     def __init__(self, ranks: list, pad_id: int):
@@ -128,9 +102,6 @@ class LearnerGroup:
         # object store and read by every consumer.
         refs = [rk.weight_packet.remote(version) for rk in self.ranks]
         ref = refs[0]
-        if isinstance(ref, asyncio.Future):  # in-process learner: hand over the packet itself
-            ref = await ref
-            self._packet_nbytes = ref.nbytes
         consumers = [c.set_weights(ref) for c in self._consumers(workers, scorer)]
         await asyncio.gather(*consumers, *refs[1:])
         out = {"sync/seconds": time.time() - t0, "sync/version": version}
@@ -163,46 +134,10 @@ class LearnerGroup:
         return versions[0]
 
 
-def combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
-    """Per-rank step metrics -> the whole batch's: means and extrema as across mini-batches; the
-    token count summed, the slowest rank's seconds; lr and grad norm are global already."""
-    out = combine_step_metrics(results)
-    out["learner/tokens"] = sum(r["learner/tokens"] for r in results)
-    out["learner/seconds"] = max(r["learner/seconds"] for r in results)
-    for key in ("learner/lr", "learner/grad_norm"):
-        if key in results[0]:
-            out[key] = results[0][key]
+def combine_rank_metrics(results: list[dict[str, tuple[float, str]]]) -> dict[str, float]:
+    """Per-rank step metrics -> the whole batch's, each by its own reduction (token means
+    averaged: every rank normalises by the global count; the token count summed; the slowest
+    rank's seconds; lr and grad norm are global already)."""
+    out = values(combine(results))
     out["learner/tokens_per_s"] = out["learner/tokens"] / max(out["learner/seconds"], 1e-9)
     return out
-
-
-class _Call:
-    """Mimics ``actor.method.remote(...)`` for an in-process object (returns an awaitable)."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def remote(self, *a, **kw):
-        return asyncio.ensure_future(asyncio.to_thread(self.fn, *a, **kw))
-
-
-class LocalLearner:
-    """Presents a plain ``LearnerWorker`` with the Ray actor's call surface."""
-
-    def __init__(self, worker):
-        self.worker = worker
-        self.train_step = _Call(worker.train_step)
-        self.save_checkpoint = _Call(worker.save_checkpoint)
-        self.load_checkpoint = _Call(worker.load_checkpoint)
-        self.weight_packet = _Call(lambda version: pack(worker.state_dict_for_sync(), version))
-        self.sync_meta = _Call(worker.sync_meta)
-        self.init_weight_group = _Call(worker.init_weight_group)
-        self.broadcast_weights = _Call(worker.broadcast_weights)
-        self.weight_group_endpoint = _Call(_local_endpoint)
-
-
-def _local_endpoint(backend: str) -> tuple[str, int, str]:
-    from pipeline.distributed.collective_sync import resolve_backend
-    from pipeline.orchestration.run import free_port
-
-    return "127.0.0.1", free_port(), resolve_backend(backend)

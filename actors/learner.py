@@ -29,9 +29,8 @@ import torch
 from pipeline.core.config import LearnerConfig
 from pipeline.core.hardware import choose_precision, hardware_info, set_threads
 from pipeline.algorithm.logprobs import forward_response
-from pipeline.algorithm.losses import (AUX_LOSSES, AUX_NEEDS_LOGITS, MAX_METRICS, MIN_METRICS, Metrics,
-                             entropy_bonus, kl_to_reference, policy_loss,
-                             reduce_micro_batch_metrics)
+from pipeline.algorithm.losses import AUX_LOSSES, AUX_NEEDS_LOGITS, LossInputs, entropy_bonus, kl_to_reference, policy_loss
+from pipeline.algorithm.metrics import Metrics, Reduce, Stat, combine, mean, reduce_micro_batches, to_report
 from pipeline.core.microbatch import null_micro_batch, split_by_tokens, to_device
 from pipeline.core.types import TrainBatch
 
@@ -80,30 +79,8 @@ def lr_lambda(cfg: LearnerConfig, total_steps: int):
     return f
 
 
-def combine_step_metrics(parts: list[dict[str, float]], weights: list[float] | None = None) -> dict[str, float]:
-    """Metrics of mini-batches (or of data-parallel ranks) -> one set: extrema (``MAX_METRICS`` /
-    ``MIN_METRICS``) by max / min, means by the ``weights``-weighted average (equal weights if
-    None). Mini-batches: each part's means are over its own tokens, so the weights are their token
-    counts. Ranks: every rank normalises by the same global count (times the world size), so
-    their plain average is the mean over all ranks' tokens."""
-    weights = [1.0] * len(parts) if weights is None else [float(w) for w in weights]
-    out: dict[str, float] = {}
-    for key in {k for m in parts for k in m}:
-        pairs = [(m[key], w) for m, w in zip(parts, weights) if key in m]
-        vals = [v for v, _ in pairs]
-        base = key.rsplit("/", 1)[-1]
-        if base in MAX_METRICS:
-            out[key] = max(vals)
-        elif base in MIN_METRICS:
-            out[key] = min(vals)
-        else:
-            total = sum(w for _, w in pairs)
-            out[key] = sum(v * w for v, w in pairs) / total if total > 0 else sum(vals) / len(vals)
-    return out
-
-
 class LearnerWorker:
-    """Plain class (testable without Ray); ``actors.learner.Learner`` is its Ray shell."""
+    """Plain class (testable without Ray); ``LearnerActor`` below is its Ray shell."""
 
     def __init__(self, cfg: LearnerConfig, model_path: str, *, temperature: float, total_steps: int,
                  rank: int = 0, world_size: int = 1, seed: int = 0):
@@ -193,8 +170,9 @@ class LearnerWorker:
                 row += mb.n_rows
         return out
 
-    def train_step(self, minibatches: list[TrainBatch]) -> dict[str, float]:
-        """One optimizer step per mini-batch; returns metrics (token means over the step)."""
+    def train_step(self, minibatches: list[TrainBatch]) -> dict[str, tuple[float, str]]:
+        """One optimizer step per mini-batch; returns the step's metrics with their reductions
+        (token means over the step; ``pipeline.algorithm.metrics``)."""
         t0 = time.time()
         self.module.train()
         # Rollout workers send CPU tensors; the forward runs where the weights are.
@@ -206,15 +184,13 @@ class LearnerWorker:
         prox = [None] + [self.logprobs(mb) if need_prox else None for mb in minibatches[1:]]
         per_mb = [self._minibatch(mb, prox_lp) for mb, prox_lp in zip(minibatches, prox)]
         # Each mini-batch's means are over its own tokens: weight them by those token counts.
-        out = combine_step_metrics([m for m, _ in per_mb], weights=[n for _, n in per_mb])
-        n_tokens = sum(mb.n_tokens for mb in minibatches)
-        out["learner/tokens"] = n_tokens
-        out["learner/seconds"] = time.time() - t0
-        out["learner/tokens_per_s"] = n_tokens / max(out["learner/seconds"], 1e-9)
-        out["learner/lr"] = self.engine.get_lr()[0]
+        out = combine([m for m, _ in per_mb], weights=[n for _, n in per_mb])
+        out["learner/tokens"] = (float(sum(mb.n_tokens for mb in minibatches)), Reduce.SUM)
+        out["learner/seconds"] = (time.time() - t0, Reduce.MAX)
+        out["learner/lr"] = (float(self.engine.get_lr()[0]), Reduce.FIRST)
         return out
 
-    def _minibatch(self, batch: TrainBatch, prox_lp: torch.Tensor | None) -> tuple[dict[str, float], float]:
+    def _minibatch(self, batch: TrainBatch, prox_lp: torch.Tensor | None) -> tuple[dict[str, tuple[float, str]], float]:
         """One optimizer step over ``batch``; returns its metrics and its token count (all ranks)."""
         cfg = self.cfg
         # token_mean's denominator: tokens of the whole mini-batch over all ranks, divided by the
@@ -253,29 +229,27 @@ class LearnerWorker:
                 loss = loss + cfg.kl_coef * kl
                 m.update({f"ref_{k}": v for k, v in km.items()})
             parts["policy"].append(m)
-            teacher_logits = self._teacher_logits(mb) if needs_logits else None
+            inputs = LossInputs(logprobs=lp, mask=mask, n_tokens_total=n_total, proximal_logprobs=proximal,
+                                input_ids=mb.input_ids, teacher_logprobs=mb.aux.get("teacher_logprobs"),
+                                distill_mask=mb.aux.get("distill_mask"), student_logits=fw.logits,
+                                teacher_logits=self._teacher_logits(mb) if needs_logits else None)
             for term in batch.aux_terms:
-                wants = term.kind in AUX_NEEDS_LOGITS
-                aux_loss, am = AUX_LOSSES[term.kind](
-                    lp, mask, mb.aux, n_total, proximal_logprobs=proximal,
-                    student_logits=fw.logits if wants else None,
-                    teacher_logits=teacher_logits if wants else None, **term.params)
+                aux_loss, am = AUX_LOSSES[term.kind](inputs, **term.params)
                 loss = loss + term.coef * aux_loss
-                parts[term.name].append({**am, "loss": aux_loss.detach()})
-            parts["learner"].append({"loss": loss.detach()})
+                parts[term.name].append(am)
+            parts["learner"].append({"loss": mean(loss)})
             self.engine.backward(loss, scale_wrt_gas=False)
         # Without ZeRO, DeepSpeed clips but does not record the norm: measure it before the step
         # (with several ZeRO-0 ranks this is rank 0's norm before the all-reduce).
         pre_norm = self._local_grad_norm() if self.cfg.zero_stage == 0 else None
         self.engine.step()
         self.version += 1
-        out = {f"{prefix}/{k}": float(v) for prefix, ms in parts.items()
-               for k, v in reduce_micro_batch_metrics(ms).items()}
+        out: Metrics = {f"{prefix}/{k}": v for prefix, ms in parts.items() for k, v in reduce_micro_batches(ms).items()}
         gn = self.engine.get_global_grad_norm()
         gn = pre_norm if gn is None else gn
         if gn is not None:
-            out["learner/grad_norm"] = float(gn)
-        return out, float(n_global)
+            out["learner/grad_norm"] = Stat(float(gn), Reduce.FIRST)
+        return to_report(out), float(n_global)
 
     def _local_grad_norm(self) -> float:
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 from envs import make_env
 from envs.base import Observation, TextEnv
+from pipeline.context.placement import PrivilegedPrompt
+from pipeline.context.prompts import default_system_prompt
+from pipeline.context.providers import StudentView
 from pipeline.core.config import EnvConfig, RolloutConfig
 from pipeline.core.hardware import choose_precision, hardware_info, set_threads
+from pipeline.core.types import Episode, EpisodeGroup, StopReason, TurnRecord
 from pipeline.distributed.weight_sync import WeightPacket, verify
-from pipeline.core.types import Episode, EpisodeGroup, Message, StopReason, TurnRecord
-
-# Adds privileged context to the student's own messages (e.g. skill_grpo); None = plain prompts.
-PromptHook = Callable[[list[Message], TextEnv], list[Message]]
 
 
 class PromptTooLong(ValueError):
@@ -30,15 +29,13 @@ class PromptTooLong(ValueError):
 
 
 class RolloutWorker:
-    """Plain class (testable without Ray); ``actors.rollout.Rollout`` is its Ray shell."""
+    """Plain class (testable without Ray); ``pipeline.orchestration.run`` wraps it with ``ray.remote``."""
 
     def __init__(self, cfg: RolloutConfig, env_cfg: EnvConfig, model_path: str, *,
-                 worker_id: int = 0, engine=None, prompt_hook: PromptHook | None = None,
-                 threads: int | None = None, chat_template: str | None = None):
+                 worker_id: int = 0, engine=None, threads: int | None = None, chat_template: str | None = None):
         self.cfg = cfg
         self.env_cfg = env_cfg
         self.worker_id = worker_id
-        self.prompt_hook = prompt_hook
         self.threads = set_threads(threads)
         self.precision = choose_precision(cfg.precision, "cuda" if cfg.num_gpus > 0 else "cpu")
         if engine is None:
@@ -47,6 +44,7 @@ class RolloutWorker:
             engine = make_engine(cfg, model_path, dtype=self.precision.dtype, chat_template=chat_template)
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        self.default_system = default_system_prompt(self.tokenizer)  # where a system placement goes
         self._pending: tuple[dict, int] | None = None
         self._lock = threading.Lock()
         # One group at a time: the engine and the envs' native libraries are not thread-safe.
@@ -114,23 +112,25 @@ class RolloutWorker:
             getattr(self.engine, "wake_up", lambda: None)()
 
     # ----- prompts -------------------------------------------------------------------------------
-    def encode(self, messages: list[Message]) -> list[int]:
-        out = self.tokenizer.apply_chat_template([m.as_dict() for m in messages],
+    def encode(self, prompt: PrivilegedPrompt) -> list[int]:
+        out = self.tokenizer.apply_chat_template([m.as_dict() for m in prompt.messages],
                                                  add_generation_prompt=True, tokenize=True)
         if isinstance(out, dict) or hasattr(out, "keys"):
             out = out["input_ids"]
-        return list(out)
+        prefix = list(self.tokenizer(prompt.prefix, add_special_tokens=False)["input_ids"]) if prompt.prefix else []
+        return prefix + list(out)
 
-    def build_prompt(self, env: TextEnv, history: list[tuple[str, str]],
-                     obs: Observation) -> tuple[list[Message], list[int], bool]:
-        """Messages and ids of the next prompt, dropping the oldest history until it fits."""
+    def build_prompt(self, env: TextEnv, history: list[tuple[str, str]], obs: Observation, turn: int = 0,
+                     view: StudentView | None = None):
+        """Messages and ids of the next prompt (with the view's privileged context, if any),
+        dropping the oldest history until it fits; returns (messages, ids, truncated, context ids)."""
         for h in range(min(self.env_cfg.history_length, len(history)), -1, -1):
-            messages = env.build_messages(history, obs, h)
-            if self.prompt_hook is not None:
-                messages = self.prompt_hook(messages, env)
-            ids = self.encode(messages)
+            prompt, offered = PrivilegedPrompt(messages=env.build_messages(history, obs, h)), []
+            if view is not None:
+                prompt, offered = view.apply(prompt.messages, env, turn, self.default_system)
+            ids = self.encode(prompt)
             if len(ids) <= self.cfg.max_prompt_tokens:
-                return messages, ids, h < min(self.env_cfg.history_length, len(history))
+                return prompt.messages, ids, h < min(self.env_cfg.history_length, len(history)), offered
         raise PromptTooLong(
             f"the prompt without history is {len(ids)} tokens > rollout.max_prompt_tokens="
             f"{self.cfg.max_prompt_tokens}; raise rollout.max_prompt_tokens")
@@ -148,19 +148,20 @@ class RolloutWorker:
 
     # ----- one group -----------------------------------------------------------------------------
     def run_group(self, *, task_seed: int, split: str, group_size: int, temperature: float,
-                  sample_seed: int, max_turns: int | None = None) -> EpisodeGroup:
+                  sample_seed: int, max_turns: int | None = None, view: StudentView | None = None) -> EpisodeGroup:
+        """Play one group; ``view`` puts privileged context into the student's own prompts."""
         with self._play_lock:
             t0 = time.time()
             self.apply_pending_weights()
             envs = [make_env(self.env_cfg.name, self.env_cfg.options, split) for _ in range(group_size)]
             try:
-                return self._play(envs, task_seed, temperature, sample_seed, max_turns, t0)
+                return self._play(envs, task_seed, temperature, sample_seed, max_turns, t0, view)
             finally:
                 for env in envs:
                     env.close()
 
     def _play(self, envs: list[TextEnv], task_seed: int, temperature: float, sample_seed: int,
-              max_turns: int | None, t0: float) -> EpisodeGroup:
+              max_turns: int | None, t0: float, view: StudentView | None = None) -> EpisodeGroup:
         obs = [env.reset(task_seed) for env in envs]
         episodes = [Episode(task_id=env.task_id or f"{env.name}-{task_seed}", env_name=env.name,
                             seed=task_seed, task_type=env.task_type, task_text=env.task_text)
@@ -174,13 +175,16 @@ class RolloutWorker:
                 break
             if turn > 0:
                 self.apply_pending_weights()
-            prompts = [self.build_prompt(envs[i], history[i], obs[i]) for i in live]
+            prompts = [self.build_prompt(envs[i], history[i], obs[i], turn, view) for i in live]
             gens = self.engine.generate([p[1] for p in prompts], max_new_tokens=self.cfg.max_new_tokens,
                                         temperature=temperature, top_p=self.cfg.top_p,
                                         seed=sample_seed * 1000 + turn)
             version = self.engine.version
             still = []
-            for i, (messages, ids, truncated), gen in zip(live, prompts, gens):
+            for i, (messages, ids, truncated, offered), gen in zip(live, prompts, gens):
+                for cid in offered:
+                    if cid not in episodes[i].context_ids:
+                        episodes[i].context_ids.append(cid)
                 text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
                 res = envs[i].step(text)
                 n_tokens += len(gen.token_ids)
@@ -206,9 +210,3 @@ class RolloutWorker:
                             worker_id=self.worker_id, rollout_seconds=time.time() - t0,
                             n_generated_tokens=n_tokens)
 
-
-def ray_rollout_class():
-    """The Ray actor class (threaded, so weights can arrive while a group is being played)."""
-    import ray
-
-    return ray.remote(max_concurrency=2)(RolloutWorker)

@@ -6,10 +6,10 @@ the policy itself, kept in sync like a rollout worker (``source=self``), or a fr
 ``privileged prompt + response`` and returns the teacher log-prob of every response token, at the
 rollout temperature, with the LM head applied only at response positions.
 
-``TeacherScorer`` is the driver-side handle the controller awaits: it decides which rows the
-method wants scored, builds their privileged prompts (``pipeline.context.prompts``), retrieves the
-skills (one ``SkillRetriever``, so UCB statistics are central), calls the worker, and fills
-``TurnRecord.teacher_logprobs`` / ``teacher_version``.
+``TeacherScorer`` is the driver-side handle the controller awaits: it asks the method's
+``TeacherSpec`` which rows to score and its context provider for their privileged prompts
+(``pipeline.context.providers``; one provider on the driver, so UCB statistics are central),
+calls the worker, and fills ``TurnRecord.teacher_logprobs`` / ``teacher_version``.
 """
 from __future__ import annotations
 
@@ -17,12 +17,11 @@ import time
 
 import torch
 
-from pipeline.core.hardware import choose_precision, hardware_info, set_threads
 from pipeline.algorithm.logprobs import forward_response
-from pipeline.methods.base import TeacherSpec
-from pipeline.methods.targeted import turn_feedback
+from pipeline.context.prompts import TeacherPrompts
+from pipeline.context.providers import TeacherSpec
+from pipeline.core.hardware import choose_precision, hardware_info, set_threads
 from pipeline.core.microbatch import split_by_tokens
-from pipeline.context.prompts import TeacherPrompts, task_seed_of
 from pipeline.core.types import EpisodeGroup, TrainBatch
 from pipeline.distributed.weight_sync import WeightPacket, verify
 
@@ -101,10 +100,8 @@ def _batch(items: list[tuple[list[int], list[int]]]) -> TrainBatch:
 class TeacherScorer:
     """Driver-side handle: which rows, which prompts; ``actor`` is a Ray handle of the worker."""
 
-    def __init__(self, actor, spec: TeacherSpec, prompts: TeacherPrompts, retriever=None):
-        if spec.context == "skills" and retriever is None:
-            raise ValueError("a skills teacher needs a SkillRetriever")
-        self.actor, self.spec, self.prompts, self.retriever = actor, spec, prompts, retriever
+    def __init__(self, actor, spec: TeacherSpec, prompts: TeacherPrompts):
+        self.actor, self.spec, self.prompts = actor, spec, prompts
 
     @property
     def wants_weights(self) -> bool:
@@ -120,24 +117,16 @@ class TeacherScorer:
         return await self.actor.receive_weights.remote(version)
 
     def _items(self, groups: list[EpisodeGroup]):
+        """The rows to score and their (privileged prompt ids, response ids)."""
         rows, items = [], []
         for g in groups:
             for ep in g.episodes:
-                skills = None
-                if self.spec.context == "skills":
-                    got = self.retriever.retrieve(ep.task_text, ep.task_type,
-                                                  seed=task_seed_of(ep.task_text))
-                    ep.privileged_context = skills = got.text
-                    self.retriever.update(got.task_type, got.skill_ids, ep.reward)  # UCB statistics
                 for row in ep.turns:
-                    if self.spec.context == "skills":
-                        ids = self.prompts.skills_ids(row, skills, self.spec.placement)
-                    else:
-                        fb = turn_feedback(ep, row.turn_index, self.spec.always_on)
-                        if self.spec.rows == "failed_turns" and not fb:
-                            continue
-                        ep.privileged_context = "\n".join(fb)
-                        ids = self.prompts.feedback_ids(row, fb)
+                    if not self.spec.selects(ep, row):
+                        continue
+                    ids = self.spec.provider.teacher_prompt(self.prompts, ep, row)
+                    if ids is None:  # no privileged context for this row: nothing to teach
+                        continue
                     rows.append(row)
                     items.append((ids, row.response_ids))
         return rows, items

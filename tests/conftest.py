@@ -45,13 +45,11 @@ def tiny_bytes_model_dir() -> Path:
     return resolve_model("tiny_bytes")
 
 
-# ----- process environment every test run needs (set before Ray / DeepSpeed import) -----------
-import os  # noqa: E402
+# ----- the process environment of a run (set before Ray / DeepSpeed are imported) ----------------
 
-for _k, _v in {"DS_ACCELERATOR": "cpu", "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline",
-               "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-               "RAY_DEDUP_LOGS": "0"}.items():
-    os.environ.setdefault(_k, _v)
+from pipeline.core.runtime_env import set_process_env  # noqa: E402
+
+RUNTIME_ENV = set_process_env()
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +59,6 @@ def ray_local():
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {k: os.environ[k] for k in
-                                           ("DS_ACCELERATOR", "RAY_AUTH_MODE", "WANDB_MODE", "HF_HUB_OFFLINE")}})
+                 runtime_env={"env_vars": dict(RUNTIME_ENV)})
     yield ray
     ray.shutdown()

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from envs.actions import normalize_action, parse_think_action
-from envs.alfworld import prompts
+import envs.alfworld.prompts as prompts
 from envs.alfworld.engine import load_engine, release_engine, replan
 from envs.alfworld.generator import SPLITS, TASK_TYPES, GameRecord, SceneLimits, cache_key, get_game
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env

@@ -65,7 +65,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env
-from envs.code_edit import rubric, sandbox, tools
+import envs.code_edit.rubric as rubric
+import envs.code_edit.sandbox as sandbox
+import envs.code_edit.tools as tools
 from envs.code_edit.tasks import FAMILIES, Task, generate_task
 from pipeline.core.types import Message
 

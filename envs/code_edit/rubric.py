@@ -15,7 +15,7 @@ Criteria (``CRITERIA``; ``param_added_and_used`` only for ``add_param`` tasks):
 * ``no_test_edits``: no tool call changed a file under ``tests/`` (even if a later call put it
   back). Fails at the first such turn.
 
-"Fails at the last turn" follows the targeted-guidance convention (METHODS.md): the feedback is
+"Fails at the last turn" follows the targeted-guidance convention (docs/methods.md): the feedback is
 inserted before the turn where the criterion was violated, or before the last turn when it was
 never satisfied. Turn indices are 0-based, like ``TurnRecord.turn_index``.
 

@@ -48,6 +48,7 @@ import json
 import os
 import random
 import re
+import string
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -55,6 +56,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envs.search_qa.retriever import BM25Retriever, Document
+
+_DROP_PUNCT = str.maketrans("", "", string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(text: str) -> str:
+    """Search-R1 / SQuAD normalisation: lower-case, drop punctuation and a|an|the, collapse spaces."""
+    text = str(text).lower().translate(_DROP_PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
 
 SPLITS = ("train", "valid", "test")
 TASK_TYPES = ("single_hop", "multi_hop")
@@ -264,8 +274,6 @@ def _strip_parenthetical(title: str) -> str:
 
 
 def _build_wiki() -> Corpus:
-    from envs.search_qa.env import normalize_answer
-
     path = wiki_data_path()
     with path.open(encoding="utf-8") as f:
         raw = json.load(f)

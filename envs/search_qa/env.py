@@ -51,13 +51,12 @@ and verl-agent are listed in docs/envs_search_qa.md.
 from __future__ import annotations
 
 import re
-import string
 import threading
 from collections import Counter
 from dataclasses import dataclass
 
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env
-from envs.search_qa.corpus import (SPLITS, Corpus, Question, file_questions, generated_corpus,
+from envs.search_qa.corpus import (SPLITS, normalize_answer, Corpus, Question, file_questions, generated_corpus,
                                    select_tasks, wiki_corpus, wiki_data_path)
 from envs.search_qa.retriever import HTTPRetriever, Retriever, format_information
 from pipeline.core.types import CriterionResult, Message
@@ -84,14 +83,6 @@ CRITERIA = tuple(FEEDBACK)
 
 
 # ----- scoring (Search-R1's qa_em, SQuAD F1) ------------------------------------------------------
-_DROP_PUNCT = str.maketrans("", "", string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-
-
-def normalize_answer(text: str) -> str:
-    """Search-R1 / SQuAD normalisation: lower-case, drop punctuation and a|an|the, collapse spaces."""
-    text = str(text).lower().translate(_DROP_PUNCT)
-    return " ".join(_ARTICLES.sub(" ", text).split())
 
 
 def exact_match(prediction: str, golds: tuple[str, ...] | list[str] | str) -> float:

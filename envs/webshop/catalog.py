@@ -1,6 +1,6 @@
 """A generated WebShop-style catalog and its shopping instructions, deterministic by seed.
 
-The real WebShop scrapes 1.18 M Amazon products; nothing of it can be shipped (NOTES.md §12).
+The real WebShop scrapes 1.18 M Amazon products; nothing of it can be shipped (docs/platform.md).
 This module writes a few hundred products of the same *shape* instead: an ASIN, a title, a price,
 a ``›``-separated ``product_category`` (top level first), the scraping ``query``, attributes,
 buying options (``{"color": [...], "size": [...]}``), a description, bullet points and reviews.

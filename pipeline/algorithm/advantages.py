@@ -36,7 +36,7 @@ ADRS (``gitrxh/ADRS-arxiv``, ``adrs_utils.py`` and the additive branch of
 the unit centring for the alignment ``alpha`` is the mean of the unit (row) means at both levels
 (the code's L3 uses the token-weighted batch mean); the reward scale ``eta_r`` is not a parameter
 because it cancels in the group whitening (``r_T = eta_r * m * qhat`` added to centred rows is a
-no-op for the row advantage, as METHODS.md says); rows without tokens are rejected.
+no-op for the row advantage, as docs/methods.md says); rows without tokens are rejected.
 """
 from __future__ import annotations
 

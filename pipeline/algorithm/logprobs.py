@@ -4,7 +4,7 @@ Used by the learner (with gradients) and the teacher scorer (under ``torch.no_gr
 decoder runs over the whole sequence once; its hidden states are then sliced to the positions
 that predict response tokens (position t-1 for every t with ``response_mask[t] = 1``) before the
 output layer. Prompt positions never reach the LM head: for typical agent turns (long prompt,
-short response) that is most of the vocabulary projection TRL spends (NOTES.md, "Peer baseline"),
+short response) that is most of the vocabulary projection TRL spends (docs/platform.md, "Peer baseline"),
 and no ``[B, T, V]`` tensor is ever built: the largest is ``[N_sel, V]``.
 
 Conventions (as ``pipeline.core.types.TrainBatch``): tensors are ``[B, T]``; a value at position t

@@ -11,30 +11,53 @@ of the micro-batch at hand. So the micro-batch losses of a mini-batch sum to the
 mean, and their gradients accumulate to the full-batch gradient; a mean of per-micro-batch means
 would weight short micro-batches up. ``n_tokens_total <= 0`` is treated as 1 (the sum is 0 then).
 
-Metrics follow the same contract so the learner can add them up over micro-batches: every value
-is a detached 0-d tensor (never ``.item()``: metrics force no host sync), and every mean or fraction is a
-masked sum divided by ``n_tokens_total``. The exceptions are the extrema named in
-``MAX_METRICS`` / ``MIN_METRICS`` (micro-batch max / min, -inf / +inf when the micro-batch has no
-token); ``reduce_micro_batch_metrics`` applies those rules. Keys carry no prefix: the learner
-adds ``policy/`` or the ``AuxTerm.name`` (``sdar/``, ``opd/``, ``tg/``).
+Metrics follow the same contract: each is a ``pipeline.algorithm.metrics.Stat`` carrying its
+reduction (a token mean is a masked sum over ``n_tokens_total``; extrema are micro-batch max / min,
+-inf / +inf when a micro-batch has no token), detached, never ``.item()`` (no host sync). Keys
+carry no prefix: the learner adds ``policy/`` or the ``AuxTerm.name`` (``sdar/``, ``opd/``, ``tg/``).
 
-Aux losses share one signature and are looked up by ``AuxTerm.kind`` in ``AUX_LOSSES``; the kinds
-in ``AUX_NEEDS_LOGITS`` need the learner to pass student and teacher logits (see ``full_kl``).
-Nothing here runs a model, touches Ray, or knows which method asked for a term.
+Aux losses take one typed record, ``LossInputs``, plus their own parameters (``AuxTerm.params``),
+and are looked up by ``AuxTerm.kind`` in ``AUX_LOSSES``; the kinds in ``AUX_NEEDS_LOGITS`` need
+the learner to fill the student and teacher logits (see ``full_kl``). Nothing here runs a model,
+touches Ray, or knows which method asked for a term.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Literal
 
 import torch
 from torch import Tensor
 
-Metrics = dict[str, Tensor]
+from pipeline.algorithm.metrics import Metrics, maximum, mean, minimum
 
-MAX_METRICS = frozenset({"ratio_max", "behaviour_weight_max"})
-MIN_METRICS = frozenset({"ratio_min"})
 # Aux kinds whose learner must supply student and teacher logits (the teacher forward runs there).
 AUX_NEEDS_LOGITS = frozenset({"full_kl"})
+
+
+@dataclass(frozen=True, slots=True)
+class LossInputs:
+    """What an auxiliary loss term may read, filled by the learner once per micro-batch."""
+
+    logprobs: Tensor  # [B, T] current policy at the sampled tokens, with grad
+    mask: Tensor  # [B, T] float, 1 on response tokens
+    n_tokens_total: Tensor | float  # token_mean's denominator (module docstring)
+    proximal_logprobs: Tensor  # [B, T] the learner's log-probs before the step's first update, detached
+    input_ids: Tensor | None = None  # [B, T] the tokens (full_kl reads the teacher's log-prob of the sampled one)
+    teacher_logprobs: Tensor | None = None  # [B, T] the scorer's lpT (sampled estimators)
+    distill_mask: Tensor | None = None  # [B, T] the tokens the term touches (None: every response token)
+    student_logits: Tensor | None = None  # [N_resp, V] temperature-scaled (AUX_NEEDS_LOGITS)
+    teacher_logits: Tensor | None = None  # [N_resp, V] the learner-side teacher's, no grad
+
+    @property
+    def selected(self) -> Tensor:
+        """``mask * distill_mask``: the tokens the term touches."""
+        return self.mask if self.distill_mask is None else self.mask * self.distill_mask
+
+    def teacher(self) -> Tensor:
+        if self.teacher_logprobs is None:
+            raise ValueError("this aux loss needs teacher_logprobs (the scorer's log-probs) in the batch")
+        return self.teacher_logprobs.detach()
 
 _LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps a stale token's ratio finite in float32
 
@@ -58,22 +81,6 @@ def _masked_extreme(x: Tensor, mask: Tensor, largest: bool) -> Tensor:
     fill = float("-inf") if largest else float("inf")
     picked = torch.where(mask > 0, x, torch.full_like(x, fill)).detach()
     return picked.max() if largest else picked.min()
-
-
-def reduce_micro_batch_metrics(per_micro_batch: list[Metrics]) -> Metrics:
-    """Combine the metrics of a mini-batch's micro-batches: extrema by max/min, the rest by sum."""
-    out: Metrics = {}
-    for metrics in per_micro_batch:
-        for key, value in metrics.items():
-            if key not in out:
-                out[key] = value
-            elif key in MAX_METRICS:
-                out[key] = torch.maximum(out[key], value)
-            elif key in MIN_METRICS:
-                out[key] = torch.minimum(out[key], value)
-            else:
-                out[key] = out[key] + value
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,12 +111,12 @@ def policy_loss(
                = l_clip              otherwise
         L      = token_mean(w * l)
 
-    Off-policy correction (METHODS.md, "Shared backbone"):
+    Off-policy correction (docs/methods.md, "Shared backbone"):
 
     - ``none``: anchor = ``lp_old``, ``w = 1``.
     - ``decoupled`` (AReaL, Fu et al. 2025): anchor = ``lp_prox`` (``proximal_logprobs``), and the
       behaviour weight ``w = sg(min(exp(lp_prox - lp_old), cap))``. AReaL drops tokens whose weight
-      exceeds the cap; METHODS.md truncates them to the cap instead, and so do we.
+      exceeds the cap; docs/methods.md truncates them to the cap instead, and so do we.
     - ``tis``: anchor = ``lp_old`` (no proximal forward needed) and the importance ratio itself is
       truncated, ``r <- min(r, cap)`` (value clamp, so no gradient beyond the cap), ``w = 1``.
       With the dual clip on and ``cap >= max(c, 1 + clip_high)`` the truncation cannot change
@@ -169,17 +176,17 @@ def policy_loss(
         lr = log_ratio.detach()
         rr = raw_ratio.detach()
         metrics: Metrics = {
-            "loss": loss.detach(),
-            "clip_fraction": token_mean((loss_clipped > loss_unclipped).float(), mask, n_tokens_total),
-            "dual_clip_fraction": token_mean(dual_active.float(), mask, n_tokens_total),
-            "approx_kl_k1": token_mean(-lr, mask, n_tokens_total),
-            "approx_kl_k3": token_mean(rr - 1.0 - lr, mask, n_tokens_total),
-            "ratio_mean": token_mean(rr, mask, n_tokens_total),
-            "ratio_max": _masked_extreme(rr, mask, largest=True),
-            "ratio_min": _masked_extreme(rr, mask, largest=False),
-            "behaviour_weight_mean": token_mean(weight, mask, n_tokens_total),
-            "behaviour_weight_max": _masked_extreme(weight, mask, largest=True),
-            "truncated_fraction": token_mean(truncated.float(), mask, n_tokens_total),
+            "loss": mean(loss),
+            "clip_fraction": mean(token_mean((loss_clipped > loss_unclipped).float(), mask, n_tokens_total)),
+            "dual_clip_fraction": mean(token_mean(dual_active.float(), mask, n_tokens_total)),
+            "approx_kl_k1": mean(token_mean(-lr, mask, n_tokens_total)),
+            "approx_kl_k3": mean(token_mean(rr - 1.0 - lr, mask, n_tokens_total)),
+            "ratio_mean": mean(token_mean(rr, mask, n_tokens_total)),
+            "ratio_max": maximum(_masked_extreme(rr, mask, largest=True)),
+            "ratio_min": minimum(_masked_extreme(rr, mask, largest=False)),
+            "behaviour_weight_mean": mean(token_mean(weight, mask, n_tokens_total)),
+            "behaviour_weight_max": maximum(_masked_extreme(weight, mask, largest=True)),
+            "truncated_fraction": mean(token_mean(truncated.float(), mask, n_tokens_total)),
         }
     return loss, metrics
 
@@ -195,7 +202,7 @@ def entropy_bonus(entropy: Tensor, mask: Tensor, n_tokens_total: int | float | T
     Returned as the value to *maximise*: the learner adds ``-coef * value`` to the loss.
     """
     value = token_mean(entropy, mask, n_tokens_total)
-    return value, {"entropy": value.detach()}
+    return value, {"entropy": mean(value)}
 
 
 def kl_to_reference(
@@ -210,17 +217,12 @@ def kl_to_reference(
     d = ref_logprobs.detach() - logprobs
     kl = (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
     loss = token_mean(kl, mask, n_tokens_total)
-    return loss, {"kl_ref": loss.detach()}
+    return loss, {"kl_ref": mean(loss)}
 
 
 # --------------------------------------------------------------------------------------------
-# Auxiliary (distillation) losses: one uniform signature, registered in AUX_LOSSES
+# Auxiliary (distillation) losses: f(x: LossInputs, **params), registered in AUX_LOSSES
 # --------------------------------------------------------------------------------------------
-
-
-def _distill_mask(mask: Tensor, aux: dict[str, Tensor]) -> Tensor:
-    extra = aux.get("distill_mask")
-    return mask if extra is None else mask * extra
 
 
 def sdar_gate(teacher_logprobs: Tensor, logprobs: Tensor, beta: float) -> Tensor:
@@ -228,127 +230,94 @@ def sdar_gate(teacher_logprobs: Tensor, logprobs: Tensor, beta: float) -> Tensor
     return torch.sigmoid(beta * (teacher_logprobs - logprobs)).detach()
 
 
-def sdar_metrics(
-    teacher_logprobs: Tensor, logprobs: Tensor, gate: Tensor, mask: Tensor, n_tokens_total: int | float | Tensor
-) -> Metrics:
-    """``gate_mean``, ``gate_active_ratio`` (g > 0.5), ``teacher_gap_mean`` (lpT - lp) and
-    ``negative_gap_fraction`` (lpT < lp), each a masked sum over ``n_tokens_total``."""
+def _weight(x: LossInputs, teacher: Tensor, beta: float | None) -> Tensor | float:
+    """The per-token weight of a sampled estimator: SDAR's gate with ``beta``, else 1."""
+    return 1.0 if beta is None else sdar_gate(teacher, x.logprobs, beta)
+
+
+def _gap_metrics(x: LossInputs, teacher: Tensor, weight) -> Metrics:
+    """Teacher-gap diagnostics over the selected tokens: ``alignment = token_mean(lp_prox - lpT)``
+    (RetireOPD's K_n when the mini-batch is the whole step), ``teacher_gap_mean`` (lpT - lp),
+    ``negative_gap_fraction`` (lpT < lp), and with a gate ``gate_mean`` / ``gate_active_ratio``."""
     with torch.no_grad():
-        gap = (teacher_logprobs - logprobs).detach()
-        return {
-            "gate_mean": token_mean(gate.detach(), mask, n_tokens_total),
-            "gate_active_ratio": token_mean((gate > 0.5).float(), mask, n_tokens_total),
-            "teacher_gap_mean": token_mean(gap, mask, n_tokens_total),
-            "negative_gap_fraction": token_mean((gap < 0).float(), mask, n_tokens_total),
-        }
+        sel, n = x.selected, x.n_tokens_total
+        gap = teacher - x.logprobs.detach()
+        out = {"alignment": mean(token_mean(x.proximal_logprobs.detach() - teacher, sel, n)),
+               "teacher_gap_mean": mean(token_mean(gap, sel, n)),
+               "negative_gap_fraction": mean(token_mean((gap < 0).float(), sel, n))}
+        if isinstance(weight, Tensor):
+            out["gate_mean"] = mean(token_mean(weight, sel, n))
+            out["gate_active_ratio"] = mean(token_mean((weight > 0.5).float(), sel, n))
+        return out
 
 
-def gated_surrogate(
-    logprobs: Tensor,
-    mask: Tensor,
-    aux: dict[str, Tensor],
-    n_tokens_total: int | float | Tensor,
-    *,
-    proximal_logprobs: Tensor,
-    student_logits: Tensor | None = None,
-    teacher_logits: Tensor | None = None,
-    beta: float | None = None,
-) -> tuple[Tensor, Metrics]:
-    """SDAR gated sampled-token surrogate (SDAR paper; also ``opsd`` and ``grpo_opsd``)::
+def gated_surrogate(x: LossInputs, *, beta: float | None = None) -> tuple[Tensor, Metrics]:
+    """SDAR's sampled-token surrogate (also ``opsd`` and ``grpo_opsd``)::
 
-        g = sg(sigmoid(beta * (lpT - lp)))
-        L = token_mean(g * (lpT - lp) * distill_mask),   grad L = -token_mean(g * distill_mask * grad lp)
+        w = sg(sigmoid(beta * (lpT - lp)))   (1 without beta)
+        L = token_mean(w * (lpT - lp) * distill_mask),   grad L = -token_mean(w * distill_mask * grad lp)
 
-    ``aux["teacher_logprobs"]`` is lpT ``# [B, T]``; ``aux["distill_mask"]`` is optional. With
-    ``beta`` (an ``AuxTerm`` parameter) the gate is computed here from the current policy's
-    log-probs, exactly as SDAR's code; without it, ``aux["distill_weight"]`` supplies a
-    precomputed gate (a fixed weight, e.g. for ablations).
+    The gate is computed here from the current policy's log-probs, exactly as SDAR's code.
     """
-    teacher = aux["teacher_logprobs"].detach()
-    gate = sdar_gate(teacher, logprobs, beta) if beta is not None else aux["distill_weight"].detach()
-    sel = _distill_mask(mask, aux)
-    loss = token_mean(gate * (teacher - logprobs), sel, n_tokens_total)
-    metrics = {"loss": loss.detach(), **sdar_metrics(teacher, logprobs, gate, sel, n_tokens_total)}
-    return loss, metrics
+    teacher = x.teacher()
+    w = _weight(x, teacher, beta)
+    loss = token_mean(w * (teacher - x.logprobs), x.selected, x.n_tokens_total)
+    return loss, {"loss": mean(loss), **_gap_metrics(x, teacher, w)}
 
 
-def k3_is(
-    logprobs: Tensor,
-    mask: Tensor,
-    aux: dict[str, Tensor],
-    n_tokens_total: int | float | Tensor,
-    *,
-    proximal_logprobs: Tensor,
-    student_logits: Tensor | None = None,
-    teacher_logits: Tensor | None = None,
-) -> tuple[Tensor, Metrics]:
+def k3_is(x: LossInputs, *, beta: float | None = None) -> tuple[Tensor, Metrics]:
     """K3 estimator with an on-policy importance ratio (RetireOPD OPD loss, SDAR repo
-    ``skillsd_utils.py``; also ``skill_sd`` and targeted guidance ``sampled``)::
+    ``skillsd_utils.py``; also ``skill_sd`` and targeted guidance with estimator ``k3_is``)::
 
         l   = lp - lpT
         k3  = exp(min(-l, 20)) - 1 + l
         rho = exp(min(lp - lp_prox, 10))         (NOT detached: it carries gradient too)
-        L   = token_mean(rho * k3 * distill_mask)
+        L   = token_mean(w * rho * k3 * distill_mask),  w = SDAR's gate with beta, else 1
 
     ``lp_prox`` (``proximal_logprobs``) is the learner's own log-prob of the token before the
     step's first update, what the released code calls old log-probs (recomputed by the actor),
     never the rollout engine's: an engine/learner mismatch (bf16 engines: 0.05 mean, 0.3 max) or a
     policy lag would otherwise enter rho and dominate the gradient. The lag correction stays in
-    the policy loss. Uses ``aux["teacher_logprobs"]`` and the optional ``aux["distill_mask"]``.
-
-    Metrics: ``loss``, ``k3_mean``, ``rho_mean``, and ``alignment`` = ``token_mean(lp_prox - lpT)``
-    over the distilled tokens: RetireOPD's ``K_n`` when the mini-batch is the whole step.
+    the policy loss. Metrics: ``loss``, ``k3_mean``, ``rho_mean`` and the gap metrics.
     """
-    teacher = aux["teacher_logprobs"].detach()
-    sel = _distill_mask(mask, aux)
-    ell = logprobs - teacher
+    teacher = x.teacher()
+    sel, n = x.selected, x.n_tokens_total
+    ell = x.logprobs - teacher
     k3 = torch.exp((-ell).clamp(max=20.0)) - 1.0 + ell
-    prox = proximal_logprobs.detach()
-    rho = torch.exp((logprobs - prox).clamp(max=10.0))
-    loss = token_mean(rho * k3, sel, n_tokens_total)
+    rho = torch.exp((x.logprobs - x.proximal_logprobs.detach()).clamp(max=10.0))
+    w = _weight(x, teacher, beta)
+    loss = token_mean(w * rho * k3, sel, n)
     with torch.no_grad():
-        metrics = {
-            "loss": loss.detach(),
-            "k3_mean": token_mean(k3.detach(), sel, n_tokens_total),
-            "rho_mean": token_mean(rho.detach(), sel, n_tokens_total),
-            "alignment": token_mean(prox - teacher, sel, n_tokens_total),
-        }
+        metrics = {"loss": mean(loss), "k3_mean": mean(token_mean(k3.detach(), sel, n)),
+                   "rho_mean": mean(token_mean(rho.detach(), sel, n)), **_gap_metrics(x, teacher, w)}
     return loss, metrics
 
 
-def full_kl(
-    logprobs: Tensor,
-    mask: Tensor,
-    aux: dict[str, Tensor],
-    n_tokens_total: int | float | Tensor,
-    *,
-    proximal_logprobs: Tensor,
-    student_logits: Tensor | None = None,
-    teacher_logits: Tensor | None = None,
-) -> tuple[Tensor, Metrics]:
-    """Exact reverse KL over the vocabulary on failed-turn tokens (targeted guidance, ``full``)::
+def full_kl(x: LossInputs) -> tuple[Tensor, Metrics]:
+    """Exact reverse KL over the vocabulary on the selected tokens (targeted guidance, ``full_kl``)::
 
         L_TG = (1 / N_all) * sum_{t: distill_mask_t = 1} KL(pi_theta(.|s_t) || sg mu(.|s_t))
              = (1 / N_all) * sum_t distill_mask_t * sum_v p_t(v) (log p_t(v) - log q_t(v))
 
     with ``p = softmax(student_logits)``, ``q = softmax(teacher_logits)`` (no gradient) and
     ``N_all = n_tokens_total``: every valid response token of the mini-batch, not only the
-    failed-turn ones (the seed's normalisation).
+    selected ones (the seed's normalisation).
 
     Learner-facing contract. ``student_logits`` and ``teacher_logits`` are ``# [N_resp, V]``: one
     row per response token of ``mask``, in row-major order of ``mask.nonzero()`` (the order of
-    ``pipeline.algorithm.logprobs.forward_response(..., with_logits=True)``), row i holding the logits that
-    *predict* that token (model output at position t-1), already divided by the rollout
-    temperature. Student rows come from the forward on ``input_ids``; teacher rows from the
-    forward (same weights, no grad) on ``teacher_input_ids`` at ``teacher_response_mask``, which
-    marks the same response tokens of every row in the same order. ``aux["distill_mask"]``
-    ``# [B, T]`` selects the failed-turn tokens (absent: all tokens). The loss is a token sum over
-    a global count, so the learner may pass micro-batches or chunks and add the losses.
-    ``logprobs`` and ``proximal_logprobs`` are unused.
+    ``pipeline.algorithm.logprobs.forward_response(..., with_logits=True)``), row i holding the
+    logits that *predict* that token (model output at position t-1), already divided by the
+    rollout temperature. Student rows come from the forward on ``input_ids``; teacher rows from
+    the forward (same weights, no grad) on ``teacher_input_ids`` at ``teacher_response_mask``,
+    which marks the same response tokens of every row in the same order. The loss is a token sum
+    over a global count, so the learner may pass micro-batches or chunks and add the losses.
 
     Metrics: ``loss``; ``kl`` (= loss); ``selected_fraction`` (selected tokens / N_all), so
-    ``kl / selected_fraction`` is the mean KL per selected token.
+    ``kl / selected_fraction`` is the mean KL per selected token; ``alignment`` (the
+    learner-side teacher's ``token_mean(lp_prox - lpT)`` over the selected tokens, lpT the
+    teacher's log-prob of the sampled token).
     """
+    student_logits, teacher_logits = x.student_logits, x.teacher_logits
     if student_logits is None or teacher_logits is None:
         raise ValueError("full_kl needs student_logits and teacher_logits, each [N_resp, V]")
     if student_logits.shape != teacher_logits.shape or student_logits.dim() != 2:
@@ -356,7 +325,8 @@ def full_kl(
             f"full_kl: student logits {tuple(student_logits.shape)} and teacher logits "
             f"{tuple(teacher_logits.shape)} must both be [N_resp, V]"
         )
-    weight = _distill_mask(mask, aux)[mask > 0]  # [N_resp]; a boolean select, like the forward's
+    response = x.mask > 0
+    weight = x.selected[response]  # [N_resp]; a boolean select, like the forward's
     if weight.shape[0] != student_logits.shape[0]:
         raise ValueError(
             f"full_kl: {student_logits.shape[0]} logits rows for {weight.shape[0]} response tokens in mask"
@@ -366,13 +336,15 @@ def full_kl(
     log_q = torch.log_softmax(teacher_logits.detach().to(dtype), dim=-1)
     kl_per_token = (log_p.exp() * (log_p - log_q)).sum(dim=-1)  # [N_resp]
     # where, not a product: unselected rows may hold anything (e.g. -inf logits) without a nan
-    loss = torch.where(weight > 0, weight * kl_per_token, 0.0).sum() / _denominator(n_tokens_total)
+    loss = torch.where(weight > 0, weight * kl_per_token, 0.0).sum() / _denominator(x.n_tokens_total)
     with torch.no_grad():
-        metrics = {
-            "loss": loss.detach(),
-            "kl": loss.detach(),
-            "selected_fraction": weight.sum() / _denominator(n_tokens_total),
-        }
+        denom = _denominator(x.n_tokens_total)
+        metrics = {"loss": mean(loss), "kl": mean(loss), "selected_fraction": mean(weight.sum() / denom)}
+        if x.input_ids is not None:
+            rows, cols = response.nonzero(as_tuple=True)
+            lpt = torch.zeros_like(x.mask)
+            lpt[rows, cols] = log_q.gather(-1, x.input_ids[rows, cols].unsqueeze(-1)).squeeze(-1).to(lpt.dtype)
+            metrics["alignment"] = mean(token_mean(x.proximal_logprobs.detach() - lpt, x.selected, x.n_tokens_total))
     return loss, metrics
 
 

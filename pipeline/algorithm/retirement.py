@@ -1,4 +1,4 @@
-"""RetireOPD's adaptive teacher retirement (METHODS.md, ``retire_opd``), as a plain class.
+"""RetireOPD's adaptive teacher retirement (docs/methods.md, ``retire_opd``), as a plain class.
 
 Per training step n the method records the alignment ``K_n = token_mean(lp_prox - lpT)`` over the
 step's batch, measured by the learner (the ``alignment`` metric of ``pipeline.algorithm.losses.k3_is``: its
@@ -23,9 +23,13 @@ Guards, chosen as the limits of the formulas:
 - ``SR_T == 0``: eta_m = +inf, so the eta test passes for any success rate: a teacher that
   never succeeds sets no bar, and rho alone decides. ``SR_T < 0`` is rejected.
 
-Metrics are python floats (this runs on the driver): ``opd/K``, ``opd/Kbar``, ``opd/rho``,
-``opd/eta`` (the last two only from window 2 on), ``opd/retired`` (0/1), ``opd/retire_step``
-(-1 until retirement).
+SR_T is fixed for a frozen teacher (given at construction); a teacher that learns with the
+student (the policy itself given the privileged context) is measured anew at every window end
+and passed to ``end_window``.
+
+Metrics are python floats (this runs on the driver), under the method's prefix (``opd/`` for
+RetireOPD): ``K``, ``Kbar``, ``rho``, ``eta`` (the last two only from window 2 on), ``retired``
+(0/1), ``retire_step`` (-1 until retirement).
 """
 from __future__ import annotations
 
@@ -35,11 +39,13 @@ import math
 class RetirementController:
     """Windows of K_n, validation at each window end, permanent retirement."""
 
-    def __init__(self, *, teacher_success_rate: float, window: int = 5, delta: float = 0.0, gamma: float = 0.9):
+    def __init__(self, *, teacher_success_rate: float | None, window: int = 5, delta: float = 0.0,
+                 gamma: float = 0.9, prefix: str = "opd"):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        if teacher_success_rate < 0:
+        if teacher_success_rate is not None and teacher_success_rate < 0:
             raise ValueError(f"teacher_success_rate must be >= 0, got {teacher_success_rate}")
+        self.prefix = prefix
         self.window = window
         self.delta = delta
         self.gamma = gamma
@@ -71,19 +77,27 @@ class RetirementController:
         return not self.retired and len(self.pending) >= self.window
 
     # ----- per window ------------------------------------------------------------------------
-    def end_window(self, success_rate: float) -> dict[str, float]:
-        """Close the full window with its validation success rate; may retire the teacher."""
+    def end_window(self, success_rate: float, teacher_success_rate: float | None = None) -> dict[str, float]:
+        """Close the full window with its validation success rate (and, for a teacher that learns,
+        SR_T measured now); may retire the teacher."""
         if not self.needs_validation:
             raise RuntimeError(f"end_window needs a full window ({len(self.pending)}/{self.window} steps, "
                                f"retired={self.retired})")
+        if teacher_success_rate is not None:
+            if teacher_success_rate < 0:
+                raise ValueError(f"teacher_success_rate must be >= 0, got {teacher_success_rate}")
+            self.teacher_success_rate = float(teacher_success_rate)
+        if self.teacher_success_rate is None:
+            raise RuntimeError("retirement needs the teacher's success rate SR_T: none was given or measured")
         kbar = sum(self.pending) / len(self.pending)
         self.windows_closed += 1
-        self._last = {"opd/Kbar": kbar}
+        p = self.prefix
+        self._last = {f"{p}/Kbar": kbar}
         if self.prev_kbar is not None and self.prev_sr is not None:
             rho = _relative_change(kbar, self.prev_kbar)
             sr_sum = success_rate + self.prev_sr
             eta = sr_sum / (2 * self.teacher_success_rate) if self.teacher_success_rate > 0 else math.inf
-            self._last.update({"opd/rho": rho, "opd/eta": eta})
+            self._last.update({f"{p}/rho": rho, f"{p}/eta": eta})
             if rho >= self.delta and eta >= self.gamma:
                 self.retired = True
                 self.retire_step = self.last_step
@@ -93,11 +107,12 @@ class RetirementController:
 
     # ----- reporting and checkpointing -------------------------------------------------------
     def metrics(self) -> dict[str, float]:
+        p = self.prefix
         out = dict(self._last)
         if self.last_k is not None:
-            out["opd/K"] = self.last_k
-        out["opd/retired"] = float(self.retired)
-        out["opd/retire_step"] = float(self.retire_step)
+            out[f"{p}/K"] = self.last_k
+        out[f"{p}/retired"] = float(self.retired)
+        out[f"{p}/retire_step"] = float(self.retire_step)
         return out
 
     def state_dict(self) -> dict:
@@ -111,6 +126,7 @@ class RetirementController:
             "last_step": self.last_step,
             "last_k": self.last_k,
             "last": dict(self._last),
+            "teacher_success_rate": self.teacher_success_rate,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -123,6 +139,8 @@ class RetirementController:
         self.last_step = int(state["last_step"])
         self.last_k = state["last_k"]
         self._last = dict(state["last"])
+        if state.get("teacher_success_rate") is not None:
+            self.teacher_success_rate = state["teacher_success_rate"]
 
 
 def _relative_change(kbar: float, prev_kbar: float) -> float:

@@ -9,29 +9,11 @@ the oldest history (counted in ``rollout/prompt_truncated_frac``). The privilege
 top and never cut; a privileged prompt longer than ``max_total_tokens`` (the model's context)
 raises with what to change rather than silently truncating the skills (SDAR's released code
 left-truncates and can cut them).
-
-``SkillPromptHook`` puts skills into the student's own prompts (``skill_grpo``); it is a small
-picklable object handed to the rollout workers.
 """
 from __future__ import annotations
 
-import zlib
-from dataclasses import dataclass
-
-from envs.skills import SkillRetriever, load_bank
 from pipeline.context.placement import insert_feedback, with_privileged
 from pipeline.core.types import Message, TurnRecord
-
-
-def make_retriever(opts: dict, env_name: str, seed: int = 0) -> SkillRetriever:
-    """``opts`` = a method's ``skills_for_teacher()`` / ``skills_for_student()`` dict."""
-    bank = load_bank(opts.get("bank") or env_name)
-    return SkillRetriever(bank, opts.get("mode", "keyword"), top_k=opts.get("top_k", 6), seed=seed)
-
-
-def task_seed_of(task_text: str) -> int:
-    """A stable per-task seed (the G episodes of a group share the task, hence the skills)."""
-    return zlib.crc32(task_text.encode())
 
 
 class PromptTooLongError(ValueError):
@@ -119,23 +101,3 @@ class TeacherPrompts:
         if not feedback:
             return self.plain_ids(row)
         return self._insert(row, _render(self.tok, insert_feedback(row.messages, feedback)))
-
-
-@dataclass
-class SkillPromptHook:
-    """Adds retrieved skills to the student's own messages (``skill_grpo``), with the same placement
-    rules as the teacher prompts (``default_system``: the template's default system prompt)."""
-
-    opts: dict
-    env_name: str
-    default_system: str | None = None
-
-    def __post_init__(self):
-        if self.opts.get("placement", "user") == "raw_prefix":
-            raise ValueError("skills in the student's own prompt need method.placement=user or system "
-                             "(raw_prefix is a teacher-only placement)")
-        self._retriever = make_retriever(self.opts, self.env_name)
-
-    def __call__(self, messages: list[Message], env) -> list[Message]:
-        got = self._retriever.retrieve(env.task_text, env.task_type, seed=task_seed_of(env.task_text))
-        return with_privileged(messages, got.text, self.opts.get("placement", "user"), self.default_system).messages

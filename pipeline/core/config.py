@@ -21,6 +21,9 @@ from omegaconf import MISSING
 from pipeline.core.hardware import PRECISIONS
 
 
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the Hydra config tree (presets: conf/method/)
+
+
 class ConfigError(ValueError):
     """A configuration value is wrong; the message says which key and what to change."""
 

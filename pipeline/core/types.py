@@ -89,8 +89,8 @@ class Episode:
     won: bool = False
     stop_reason: StopReason = StopReason.MAX_TURNS
     criteria: list[CriterionResult] = field(default_factory=list)
-    privileged_context: str = ""  # skills / feedback offered to the teacher for this episode
     task_text: str = ""
+    context_ids: list[str] = field(default_factory=list)  # privileged context offered (skill ids): UCB
 
     @property
     def n_turns(self) -> int:
@@ -135,6 +135,20 @@ class AuxTerm:
     kind: str  # registered aux loss: "gated_surrogate" | "k3_is" | "full_kl"
     coef: float
     params: dict[str, float] = field(default_factory=dict)  # keyword arguments of the loss, e.g. beta
+
+
+@dataclass(kw_only=True, slots=True)
+class Credit:
+    """A method's output for one batch of rows (row order = the groups' rows, concatenated)."""
+
+    advantages: list[list[float]]  # [B][n_response] per-token advantage of each row
+    aux: dict[str, list[list[float]]] = field(default_factory=dict)  # name -> [B][n_response]
+    aux_terms: list[AuxTerm] = field(default_factory=list)
+    entropy_coef: float | None = None  # None = learner.entropy_coef
+    policy_loss_coef: float = 1.0
+    # Privileged prompts for learner-side teacher forwards (estimator "full"): [B][n_prompt'].
+    teacher_prompt_ids: list[list[int]] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True, slots=True)

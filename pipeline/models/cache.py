@@ -87,7 +87,7 @@ def pip_download(packages: list[str], workdir: Path, *, hint: str) -> list[Path]
 def save_dequantised(model, tok, out_dir: Path) -> int:
     """Save a GGUF-loaded (already dequantised) model and its tokenizer as a plain HF directory.
 
-    transformers keeps a GGUF quantizer on the model that refuses to serialise (NOTES.md §2);
+    transformers keeps a GGUF quantizer on the model that refuses to serialise (docs/platform.md);
     dropping it makes this an ordinary fp32 model. Returns the parameter count.
     """
     model.hf_quantizer = None

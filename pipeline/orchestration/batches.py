@@ -6,25 +6,9 @@ tokens they describe (see ``TrainBatch``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from pipeline.core.types import AuxTerm, EpisodeGroup, TrainBatch, TurnRecord
-
-
-@dataclass
-class Credit:
-    """A method's output for one batch of rows (row order = ``rows_of(groups)``)."""
-
-    advantages: list[list[float]]  # [B][n_response] per-token advantage of each row
-    aux: dict[str, list[list[float]]] = field(default_factory=dict)  # name -> [B][n_response]
-    aux_terms: list[AuxTerm] = field(default_factory=list)
-    entropy_coef: float | None = None  # None = learner.entropy_coef
-    policy_loss_coef: float = 1.0
-    # Privileged prompts for learner-side teacher forwards (estimator "full"): [B][n_prompt'].
-    teacher_prompt_ids: list[list[int]] | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
+from pipeline.core.types import Credit, EpisodeGroup, TrainBatch, TurnRecord
 
 
 def rows_of(groups: list[EpisodeGroup]) -> list[TurnRecord]:

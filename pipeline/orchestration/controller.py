@@ -128,7 +128,7 @@ class Controller:
                 group = await worker.run_group(
                     task_seed=task_seed(cfg.trainer.seed, idx), split=cfg.env.train_split,
                     group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature,
-                    sample_seed=cfg.trainer.seed * 7919 + idx)
+                    sample_seed=cfg.trainer.seed * 7919 + idx, view=self.method.student_view())
             except BaseException:
                 await self.buffer.release_start(ticket)
                 raise
@@ -171,6 +171,7 @@ class Controller:
             groups, m = await self.scorer.score(groups, step)
             metrics.update(m)
         t2 = time.time()
+        self.method.observe(groups)  # e.g. the skills offered to these episodes and their rewards (UCB)
         credit = self.method.credit(groups, step)
         rows = rows_of(groups)
         batch = build_train_batch(rows, credit, pad_id=self.learner.pad_id,
@@ -217,23 +218,48 @@ class Controller:
         return metrics
 
     async def _validate(self, step: int) -> dict[str, float]:
-        """Held-out tasks at each validation temperature (0 = greedy), one episode per task."""
+        """Held-out tasks at each validation temperature (0 = greedy), one episode per task.
+
+        For a method with a teacher, the first temperature's tasks are played once more with the
+        teacher's privileged context in the student's own prompt (feedback: that of the first
+        attempt's failed criteria): ``val/privileged_success`` and ``val/privilege_gap``, the
+        teacher's headroom over the student (RetireOPD's SR_T when the teacher learns too)."""
         cfg = self.cfg
         t0 = time.time()
         out: dict[str, float] = {}
+        first: list[EpisodeGroup] = []
         for temp in cfg.rollout.val_temperatures:
-            calls = [self.workers[i % len(self.workers)].run_group(
-                task_seed=i, split=cfg.env.val_split, group_size=1, temperature=temp,
-                sample_seed=10_000 + i) for i in range(cfg.trainer.val_tasks)]
-            groups: list[EpisodeGroup] = await asyncio.gather(*calls)
+            groups = await self._play_validation(temp, [self.method.student_view()] * cfg.trainer.val_tasks)
             tag = "greedy" if temp == 0 else f"t{temp:g}"
             m = rollout_metrics(groups, self.method.invalid_action_penalty)
             out.update({k.replace("rollout/", f"val/{tag}/", 1): v for k, v in m.items()})
             if temp == cfg.rollout.val_temperatures[0]:
                 out["val/success"] = m["rollout/success"]
-        out.update(self.method.on_validation(step, out.get("val/success", 0.0)))
+                first = groups
+        privileged = None
+        views = [self.method.privileged_view(g.episodes[0]) for g in first]
+        if any(v is not None for v in views):
+            groups = await self._play_validation(cfg.rollout.val_temperatures[0], views, keep=first)
+            privileged = rollout_metrics(groups, self.method.invalid_action_penalty)["rollout/success"]
+            out["val/privileged_success"] = privileged
+            out["val/privilege_gap"] = privileged - out["val/success"]
+        out.update(self.method.on_validation(step, out.get("val/success", 0.0), privileged))
         out["time/val_s"] = time.time() - t0
         return out
+
+    async def _play_validation(self, temperature: float, views: list, keep: list | None = None) -> list[EpisodeGroup]:
+        """One episode per validation task; a task whose view is None keeps ``keep``'s episode
+        (it has no privileged context: its privileged outcome is its plain one)."""
+        cfg = self.cfg
+
+        async def one(i: int, view):
+            if view is None and keep is not None:
+                return keep[i]
+            return await self.workers[i % len(self.workers)].run_group(
+                task_seed=i, split=cfg.env.val_split, group_size=1, temperature=temperature,
+                sample_seed=10_000 + i, view=view)
+
+        return list(await asyncio.gather(*[one(i, v) for i, v in enumerate(views)]))
 
 
 def rollout_metrics(groups: list[EpisodeGroup], invalid_penalty: float) -> dict[str, float]:

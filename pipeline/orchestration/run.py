@@ -15,33 +15,7 @@ import time
 from pathlib import Path
 
 from pipeline.core.config import ConfigError, PrivyConfig
-
-
-def _driver_has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-# Defaults every process of a run needs; users can still override them in their environment.
-RUNTIME_ENV_DEFAULTS = {
-    # DS_ACCELERATOR=cpu only where the driver sees no CUDA (CPU machines, CI): there it spares
-    # DeepSpeed's accelerator probing. Forced on a CUDA machine it would put every learner on the
-    # CPU. Learner actors that ask for GPUs get DS_ACCELERATOR=cuda from build_actors, whatever
-    # the driver has (a CPU-only head driving GPU workers).
-    **({} if _driver_has_cuda() else {"DS_ACCELERATOR": "cpu"}),
-    "RAY_AUTH_MODE": "disabled",
-    "WANDB_MODE": "offline",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "RAY_DEDUP_LOGS": "0",
-}
-
-
-def set_process_env() -> None:
-    for k, v in RUNTIME_ENV_DEFAULTS.items():
-        os.environ.setdefault(k, v)
+from pipeline.core.runtime_env import set_process_env
 
 
 def free_port() -> int:
@@ -63,8 +37,8 @@ def check_launch(cfg: PrivyConfig):
     penalty = (cfg.env.invalid_action_penalty if cfg.env.invalid_action_penalty is not None
                else env_cls.invalid_action_penalty)
     try:
-        method = build_method(cfg.method, total_steps=cfg.trainer.total_steps,
-                              invalid_action_penalty=penalty)
+        method = build_method(cfg.method, invalid_action_penalty=penalty, env_name=cfg.env.name,
+                              seed=cfg.trainer.seed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     need_val = method.required_val_every()
@@ -125,7 +99,7 @@ def start_ray(cfg: PrivyConfig) -> None:
 
     if ray.is_initialized():
         return
-    env_vars = {k: os.environ[k] for k in RUNTIME_ENV_DEFAULTS if k in os.environ}
+    env_vars = set_process_env()
     env_vars["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                              os.environ.get("PYTHONPATH", "")])
     if cfg.cluster.address is None:
@@ -152,9 +126,9 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
     from actors.learner import LearnerActor
     from actors.rollout import RolloutWorker
     from actors.scorer import TeacherScorer, TeacherScorerWorker
-    from pipeline.models import load_tokenizer
+    from pipeline.context.prompts import TeacherPrompts
     from pipeline.distributed.placement import check_launch_gpus, plan_placement, reserve
-    from pipeline.context.prompts import SkillPromptHook, TeacherPrompts, default_system_prompt, make_retriever
+    from pipeline.models import load_tokenizer
 
     n_threads = actor_threads(cfg)
     threads = {"env_vars": {"OMP_NUM_THREADS": str(n_threads), "MKL_NUM_THREADS": str(n_threads)}}
@@ -172,12 +146,9 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
         seed=cfg.trainer.seed, threads=n_threads)
         for r in range(cfg.learner.num_learners)]
     tok = load_tokenizer(model_path, cfg.model.chat_template)
-    student = method.skills_for_student()
-    hook = SkillPromptHook(student, cfg.env.name, default_system_prompt(tok)) if student else None
     rollout_cls = ray.remote(max_concurrency=2)(RolloutWorker)
     workers = [RayRollout(rollout_cls.options(**placement.rollout(i), runtime_env=threads).remote(
-        cfg.rollout, cfg.env, model_path, worker_id=i, prompt_hook=hook, threads=n_threads,
-        chat_template=cfg.model.chat_template))
+        cfg.rollout, cfg.env, model_path, worker_id=i, threads=n_threads, chat_template=cfg.model.chat_template))
         for i in range(cfg.rollout.num_workers)]
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     # The teacher prompt may exceed the student's budget by the privileged text, never the model.
@@ -194,9 +165,7 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
             micro_batch_tokens=cfg.scorer.micro_batch_tokens or cfg.learner.micro_batch_tokens,
             precision=cfg.scorer.precision, device="cuda" if cfg.scorer.num_gpus > 0 else "cpu",
             threads=n_threads)
-        skills = method.skills_for_teacher()
-        retriever = make_retriever(skills, cfg.env.name) if skills else None
-        scorer = TeacherScorer(actor, spec, prompts, retriever)
+        scorer = TeacherScorer(actor, spec, prompts)
         actors.append(actor)
     actors.append(placement)  # last: _kill removes the placement group after the actors
     try:
@@ -255,7 +224,7 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
 
     from pipeline.orchestration.checkpoint import Checkpointer, load_state, resolve_checkpoint
     from pipeline.orchestration.controller import Controller, ControllerState
-    from pipeline.tools.logging import make_logger
+    from pipeline.orchestration.logging import make_logger
     from pipeline.models import resolve_model
 
     set_process_env()
@@ -382,8 +351,7 @@ def _resume_phases(cfg: PrivyConfig, method, run_dir: Path) -> str | None:
     (resumed from its own last checkpoint if it died, adopted as it is if it had completed)."""
     from pipeline.orchestration.checkpoint import resolve_checkpoint
 
-    pre = type(method).prerequisite(cfg.method)
-    if pre is None:
+    if method.prerequisite() is None:
         return cfg.trainer.resume
     root = _phase_root(cfg.trainer.resume)
     try:
@@ -410,12 +378,12 @@ def _run_prerequisite(cfg: PrivyConfig, method, run_dir: Path, resume_from: Path
 
     from pipeline.orchestration.checkpoint import resolve_checkpoint
 
-    pre = type(method).prerequisite(cfg.method)
+    pre = method.prerequisite()
     if pre is None:
         return
     cfg1 = copy.deepcopy(cfg)
     cfg1.method = pre
-    cfg1.trainer.total_steps = type(method).prerequisite_steps(cfg.method)
+    cfg1.trainer.total_steps = method.prerequisite_steps()
     cfg1.trainer.resume = None
     cfg1.trainer.run_dir = None
     if cfg1.trainer.val_every == 0:
@@ -427,7 +395,7 @@ def _run_prerequisite(cfg: PrivyConfig, method, run_dir: Path, resume_from: Path
             ckpt = resolve_checkpoint(resume_from)
         except FileNotFoundError:
             ckpt = None  # it died before its first checkpoint: train it again
-        done = type(method).finished_prerequisite(ckpt / "hf") if ckpt is not None and ckpt.name == final else None
+        done = method.finished_prerequisite(ckpt / "hf") if ckpt is not None and ckpt.name == final else None
         if done is not None:  # it had finished: adopt it as it is
             method.adopt_prerequisite(str(ckpt / "hf"), done)
             return

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+from pipeline.core.config import CONF_DIR as _CONF
+
+CONF_DIR = str(_CONF)
 
 
 def compose(overrides: list[str] | None = None):
@@ -71,6 +72,9 @@ def main() -> None:
     import hydra
 
     from pipeline.core.config import register_schema
+    from pipeline.core.runtime_env import set_process_env
+
+    set_process_env()  # before anything imports Ray, DeepSpeed or wandb
 
     register_schema()
     hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(train_from_hydra)()

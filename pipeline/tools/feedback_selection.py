@@ -1,4 +1,4 @@
-"""Feedback selection for targeted guidance (METHODS.md): keep only feedback strings that help.
+"""Feedback selection for targeted guidance (docs/methods.md): keep only feedback strings that help.
 
 For each criterion's candidate strings (``{criterion: [string, ...]}``, JSON or YAML), the base
 policy plays the same N tasks (seeds ``0..N-1``, one episode each, the same sampling seeds) once
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipeline.context.placement import insert_feedback
+from pipeline.context.providers import FeedbackView
 from pipeline.core.types import Episode
 
 
@@ -123,13 +123,10 @@ def write_outputs(out_dir: str | Path, candidates: dict[str, list[str]], outcome
     return adopted_path, table_path
 
 
-def feedback_hook(feedback: str):
-    """A ``RolloutWorker`` prompt hook appending ``feedback`` to the last user message."""
-
-    def hook(messages, env):
-        return insert_feedback(messages, [feedback])
-
-    return hook
+def feedback_view(feedback: str) -> FeedbackView:
+    """The student view that puts ``feedback`` right before every response (as the teacher prompt
+    of targeted guidance places it)."""
+    return FeedbackView(feedback={0: [feedback]})
 
 
 def evaluate_with_worker(worker, criteria: Sequence[str], n_tasks: int, *, split: str = "train",
@@ -137,13 +134,12 @@ def evaluate_with_worker(worker, criteria: Sequence[str], n_tasks: int, *, split
     """The ``select`` callback: one episode (``group_size`` 1) per task seed ``0..n_tasks-1``."""
 
     def evaluate(feedback: str | None) -> Rates:
-        worker.prompt_hook = None if feedback is None else feedback_hook(feedback)
+        view = None if feedback is None else feedback_view(feedback)
         episodes = []
         for seed in range(n_tasks):
             group = worker.run_group(task_seed=seed, split=split, group_size=1, temperature=temperature,
-                                     sample_seed=sample_seed + seed)
+                                     sample_seed=sample_seed + seed, view=view)
             episodes.extend(group.episodes)
-        worker.prompt_hook = None
         return rates(episodes, criteria)
 
     return evaluate
@@ -170,5 +166,5 @@ def run(*, env: str, candidates: dict[str, list[str]], n_tasks: int, model: str,
     return outcomes
 
 
-__all__ = ["Outcome", "Rates", "adopt", "adopted_map", "evaluate_with_worker", "feedback_hook", "load_candidates",
+__all__ = ["Outcome", "Rates", "adopt", "adopted_map", "evaluate_with_worker", "feedback_view", "load_candidates",
            "markdown_table", "rates", "run", "select", "write_outputs"]

@@ -7,15 +7,15 @@ from pathlib import Path
 
 PANELS = [
     ("reward", ["rollout/reward", "rollout/row_score"]),
-    ("success", ["rollout/success", "val/success"]),
+    ("success", ["rollout/success", "val/success", "val/privileged_success"]),
     ("valid actions", ["rollout/valid_action_rate"]),
     ("entropy", ["policy/entropy"]),
-    ("clipping", ["policy/clip_frac", "policy/clip_fraction", "policy/dual_clip_frac"]),
-    ("approx KL", ["policy/approx_kl", "policy/approx_kl_k3"]),
+    ("clipping", ["policy/clip_fraction", "policy/dual_clip_fraction"]),
+    ("approx KL", ["policy/approx_kl_k1", "policy/approx_kl_k3"]),
     ("grad norm", ["learner/grad_norm"]),
     ("seconds per step", ["time/step_s", "time/train_s", "time/wait_rollout_s"]),
 ]
-METHOD_PREFIXES = ("sdar/", "opd/", "adrs/", "tg/", "gigpo/")
+METHOD_PREFIXES = ("sdar/", "opd/", "adrs/", "tg/", "gigpo/", "skill_sd/")
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

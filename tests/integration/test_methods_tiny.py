@@ -35,7 +35,7 @@ def test_adrs_scores_only_inside_its_schedule(ray_local, tmp_path):
     assert scored == [False, True, False]
 
 
-@pytest.mark.parametrize("estimator", ["full", "sampled"])
+@pytest.mark.parametrize("estimator", ["full_kl", "k3_is"])
 def test_targeted_guidance_distils_on_failed_turns(ray_local, tmp_path, estimator):
     cfg = compose(BASE + ["method=targeted_guidance", f"method.estimator={estimator}",
                           "trainer.total_steps=2"])
@@ -46,7 +46,7 @@ def test_targeted_guidance_distils_on_failed_turns(ray_local, tmp_path, estimato
     assert "tg/loss" in last
 
 
-@pytest.mark.parametrize("estimator", ["full", "sampled"])
+@pytest.mark.parametrize("estimator", ["full_kl", "k3_is"])
 def test_targeted_guidance_on_code_edit_with_tool_messages_distils_failed_turns(ray_local, tmp_path, estimator):
     # tool_role=tool (Qwen-style templates): prompts after turn 0 end with a tool message, and the
     # feedback must go right before the response there too (a user turn after the tool result).
@@ -57,6 +57,29 @@ def test_targeted_guidance_on_code_edit_with_tool_messages_distils_failed_turns(
     last = history[-1]
     assert last["rollout/turns_per_episode"] == 2.0  # the tiny model never finishes: two turns each
     assert last["tg/failed_turn_fraction"] > 0 and "tg/loss" in last
+
+
+RETIRING = ["method.window=1", "trainer.val_every=1", "trainer.val_tasks=2", "rollout.val_temperatures=[0.4]",
+            "method.gamma=0.01", "method.delta=-1000.0", "trainer.total_steps=3"]
+
+
+def test_gated_retire_opd_yaml_only_trains_its_teacher_then_a_gated_opd_term(ray_local, tmp_path):
+    history = run_training(compose(BASE + ["method=gated_retire_opd", "method.phase1_steps=2", *RETIRING]),
+                           tmp_path / "run")
+    assert (tmp_path / "run" / "phase1_teacher" / "metrics.jsonl").exists()
+    first = history[0]
+    assert "opd/gate_mean" in first and "opd/rho_mean" in first  # K3-IS weighted by SDAR's gate
+    # windows of one step: rho exists from window 2, whose validation retires the teacher
+    assert [h["opd/retired"] for h in history] == [0.0, 1.0, 1.0]
+    assert ["teacher/seconds" in h for h in history] == [True, True, False]
+
+
+def test_retiring_targeted_guidance_yaml_only_measures_its_teacher_and_retires(ray_local, tmp_path):
+    history = run_training(compose(BASE + ["method=retiring_targeted_guidance", *RETIRING]), tmp_path)
+    first = history[0]
+    assert "tg/kl" in first and "val/privileged_success" in first  # SR_T: the feedback in context
+    assert [h["tg/retired"] for h in history] == [0.0, 1.0, 1.0]
+    assert "tg/kl" not in history[2]  # retired: no learner-side teacher forward any more
 
 
 def test_retire_opd_trains_its_teacher_retires_it_and_stays_retired_after_resume(ray_local, tmp_path):

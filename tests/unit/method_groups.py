@@ -49,4 +49,4 @@ def unscored(groups: list[EpisodeGroup]) -> list[EpisodeGroup]:
 
 
 def build(name: str, **options):
-    return build_method({"name": name, **options}, total_steps=100, invalid_action_penalty=PENALTY)
+    return build_method({"name": name, **options}, invalid_action_penalty=PENALTY)

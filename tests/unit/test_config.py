@@ -46,14 +46,14 @@ def test_unknown_method_option_names_the_valid_ones():
     from pipeline.methods import build_method
 
     with pytest.raises(ValueError, match="norm_std"):
-        build_method({"name": "grpo", "bogus": 1}, total_steps=1, invalid_action_penalty=0.1)
+        build_method({"name": "grpo", "bogus": 1}, invalid_action_penalty=0.1)
 
 
 def test_unknown_method_lists_available_methods():
     from pipeline.methods import build_method
 
     with pytest.raises(ValueError, match="grpo"):
-        build_method({"name": "nope"}, total_steps=1, invalid_action_penalty=0.1)
+        build_method({"name": "nope"}, invalid_action_penalty=0.1)
 
 
 def test_every_experiment_recipe_composes_and_validates():

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.core.config import PrivyConfig
 from pipeline.orchestration.controller import Controller, task_seed
-from pipeline.tools.logging import MetricsLogger
+from pipeline.orchestration.logging import MetricsLogger
 from pipeline.methods import build_method
 from pipeline.core.types import Episode, EpisodeGroup, TurnRecord
 
@@ -73,7 +73,7 @@ def make_cfg(lag: int, steps: int = 4) -> PrivyConfig:
 
 
 def run(cfg, workers, learner):
-    method = build_method({"name": "grpo"}, total_steps=cfg.trainer.total_steps, invalid_action_penalty=0.1)
+    method = build_method({"name": "grpo"}, invalid_action_penalty=0.1)
     ctl = Controller(cfg, learner=learner, workers=workers, method=method, logger=MetricsLogger([]))
     history = asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
     return ctl, history

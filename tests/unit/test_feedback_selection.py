@@ -9,7 +9,7 @@ from pipeline.tools.feedback_selection import (
     Rates,
     adopt,
     adopted_map,
-    feedback_hook,
+    feedback_view,
     load_candidates,
     markdown_table,
     rates,
@@ -60,9 +60,10 @@ def test_rates_count_missing_verdicts_as_failures():
     assert r.passed == {"format": 0.5, "brevity": 0.0} and r.success == 0.5 and r.n == 2
 
 
-def test_hook_appends_feedback_to_last_user_message_and_candidates_load(tmp_path):
-    msgs = feedback_hook("Be brief.")([Message(role="user", content="task")], env=None)
-    assert msgs[-1].content == f"task\n\n{FEEDBACK_HEADER}\nBe brief."
+def test_view_appends_feedback_to_last_user_message_and_candidates_load(tmp_path):
+    prompt, _ = feedback_view("Be brief.").apply([Message(role="user", content="task")], env=None, turn=0,
+                                                 default_system=None)
+    assert prompt.messages[-1].content == f"task\n\n{FEEDBACK_HEADER}\nBe brief."
     (tmp_path / "c.yaml").write_text("format:\n  - use tags\n")
     assert load_candidates(tmp_path / "c.yaml") == {"format": ["use tags"]}
     (tmp_path / "bad.json").write_text(json.dumps({"format": "not a list"}))

@@ -51,13 +51,14 @@ def test_to_device_moves_every_tensor_and_keeps_the_rest():
         assert b.input_ids.device.type == "cpu"  # the original is untouched
 
 
-def test_ds_accelerator_is_forced_to_cpu_only_without_cuda():
-    from pipeline.orchestration.run import RUNTIME_ENV_DEFAULTS
+def test_ds_accelerator_is_forced_to_cpu_only_without_cuda(monkeypatch):
+    from pipeline.core.runtime_env import runtime_env_defaults
 
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     if torch.cuda.is_available():
-        assert "DS_ACCELERATOR" not in RUNTIME_ENV_DEFAULTS
+        assert "DS_ACCELERATOR" not in runtime_env_defaults()
     else:
-        assert RUNTIME_ENV_DEFAULTS["DS_ACCELERATOR"] == "cpu"
+        assert runtime_env_defaults()["DS_ACCELERATOR"] == "cpu"
 
 
 def test_lr_schedule_spans_every_optimizer_step_when_a_step_has_several_mini_batches():

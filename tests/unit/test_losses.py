@@ -1,7 +1,7 @@
 """pipeline.algorithm.losses: closed forms, slow per-token references, gradient signs, aggregation."""
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import math
 
 import pytest
@@ -9,16 +9,23 @@ import torch
 
 from pipeline.algorithm.losses import (
     AUX_LOSSES,
+    LossInputs,
     entropy_bonus,
     full_kl,
     gated_surrogate,
     k3_is,
     kl_to_reference,
     policy_loss,
-    reduce_micro_batch_metrics,
     sdar_gate,
     token_mean,
 )
+from pipeline.algorithm.metrics import Reduce, reduce_micro_batches
+
+
+def X(lp, mask, n, *, prox=None, **kw) -> LossInputs:
+    """The aux losses' typed input; the proximal log-probs default to the current ones."""
+    return LossInputs(logprobs=lp, mask=mask, n_tokens_total=n,
+                      proximal_logprobs=lp.detach() if prox is None else prox, **kw)
 
 
 
@@ -101,9 +108,11 @@ def test_micro_batch_losses_and_gradients_sum_to_the_full_batch_values():
     assert total.item() == pytest.approx(full.item(), abs=1e-12)
     assert torch.allclose(parts_lp.grad, full_lp.grad)
     _, full_metrics = policy_loss(lp, old, adv, mask, n)
-    merged = reduce_micro_batch_metrics(metrics)
+    merged = reduce_micro_batches(metrics)
     for key in ("clip_fraction", "approx_kl_k3", "ratio_mean", "ratio_max", "ratio_min"):
-        assert merged[key].item() == pytest.approx(full_metrics[key].item(), abs=1e-12), key
+        assert merged[key].value.item() == pytest.approx(full_metrics[key].value.item(), abs=1e-12), key
+    assert (merged["ratio_max"].reduce, merged["ratio_min"].reduce, merged["ratio_mean"].reduce) == (
+        Reduce.MAX, Reduce.MIN, Reduce.MEAN)  # each metric carries its reduction, not its name
 
 
 # ----- PPO clip and dual clip ---------------------------------------------------------------------
@@ -113,21 +122,21 @@ def test_positive_advantage_inside_the_clip_range_pushes_the_sampled_token_up():
     loss, grad, m = _one_token(math.log(1.1), 0.0, 2.0)
     assert loss == pytest.approx(-2.0 * 1.1)
     assert grad == pytest.approx(-2.0 * 1.1)  # d(-A r)/d lp = -A r < 0: descent raises lp
-    assert m["clip_fraction"].item() == 0.0
+    assert m["clip_fraction"].value.item() == 0.0
 
 
 def test_positive_advantage_above_one_plus_eps_is_clipped_with_zero_gradient():
     loss, grad, m = _one_token(math.log(1.5), 0.0, 2.0)
     assert loss == pytest.approx(-2.0 * 1.2)
     assert grad == 0.0
-    assert m["clip_fraction"].item() == 1.0
+    assert m["clip_fraction"].value.item() == 1.0
 
 
 def test_positive_advantage_below_one_minus_eps_keeps_the_unclipped_gradient():
     loss, grad, m = _one_token(math.log(0.5), 0.0, 2.0)
     assert loss == pytest.approx(-2.0 * 0.5)
     assert grad == pytest.approx(-2.0 * 0.5)
-    assert m["clip_fraction"].item() == 0.0
+    assert m["clip_fraction"].value.item() == 0.0
 
 
 def test_negative_advantage_inside_the_clip_range_pushes_the_sampled_token_down():
@@ -140,21 +149,21 @@ def test_negative_advantage_below_one_minus_eps_is_clipped_with_zero_gradient():
     loss, grad, m = _one_token(math.log(0.5), 0.0, -1.0)
     assert loss == pytest.approx(0.8)
     assert grad == 0.0
-    assert m["clip_fraction"].item() == 1.0
+    assert m["clip_fraction"].value.item() == 1.0
 
 
 def test_negative_advantage_between_one_plus_eps_and_c_keeps_the_unclipped_gradient():
     loss, grad, m = _one_token(math.log(2.0), 0.0, -1.0)
     assert loss == pytest.approx(2.0)
     assert grad == pytest.approx(2.0)
-    assert m["dual_clip_fraction"].item() == 0.0
+    assert m["dual_clip_fraction"].value.item() == 0.0
 
 
 def test_dual_clip_bounds_a_negative_advantage_loss_at_c_times_minus_a():
     loss, grad, m = _one_token(math.log(5.0), 0.0, -1.5)
     assert loss == pytest.approx(1.5 * 3.0)
     assert grad == 0.0
-    assert m["dual_clip_fraction"].item() == 1.0
+    assert m["dual_clip_fraction"].value.item() == 1.0
 
 
 def test_without_dual_clip_a_negative_advantage_loss_grows_with_the_ratio():
@@ -166,7 +175,7 @@ def test_without_dual_clip_a_negative_advantage_loss_grows_with_the_ratio():
 def test_dual_clip_never_touches_positive_advantages():
     loss, _, m = _one_token(math.log(5.0), 0.0, 1.0)
     assert loss == pytest.approx(-1.2)
-    assert m["dual_clip_fraction"].item() == 0.0
+    assert m["dual_clip_fraction"].value.item() == 0.0
 
 
 def test_asymmetric_clip_range_uses_clip_high_above_and_clip_low_below():
@@ -204,8 +213,8 @@ def test_corrections_reduce_to_plain_ppo_when_proximal_equals_old(correction):
     corrected.backward()
     assert corrected.item() == pytest.approx(plain.item(), abs=1e-12)
     assert torch.allclose(a.grad, b.grad)
-    assert m["truncated_fraction"].item() == 0.0
-    assert m["behaviour_weight_mean"].item() == pytest.approx(1.0)
+    assert m["truncated_fraction"].value.item() == 0.0
+    assert m["behaviour_weight_mean"].value.item() == pytest.approx(1.0)
 
 
 def test_decoupled_ratio_is_against_proximal_and_weight_truncated_at_the_cap():
@@ -219,9 +228,9 @@ def test_decoupled_ratio_is_against_proximal_and_weight_truncated_at_the_cap():
     assert loss.item() == pytest.approx(-(w[0] + w[1]) / 2)
     loss.backward()
     assert lp.grad[0].tolist() == pytest.approx([-w[0] / 2, -w[1] / 2])
-    assert m["truncated_fraction"].item() == pytest.approx(0.5)
-    assert m["behaviour_weight_max"].item() == pytest.approx(2.0)
-    assert m["ratio_mean"].item() == pytest.approx(1.0)
+    assert m["truncated_fraction"].value.item() == pytest.approx(0.5)
+    assert m["behaviour_weight_max"].value.item() == pytest.approx(2.0)
+    assert m["ratio_mean"].value.item() == pytest.approx(1.0)
 
 
 def test_decoupled_weight_carries_no_gradient_into_the_proximal_log_probs():
@@ -242,8 +251,8 @@ def test_tis_truncates_the_ratio_against_the_behaviour_policy_at_the_cap():
     loss, grad, m = _one_token(math.log(4.0), 0.0, -1.0, correction="tis", behaviour_cap=2.5, dual_clip=None)
     assert loss == pytest.approx(2.5)
     assert grad == 0.0
-    assert m["truncated_fraction"].item() == 1.0
-    assert m["ratio_max"].item() == pytest.approx(4.0)  # stats report the untruncated ratio
+    assert m["truncated_fraction"].value.item() == 1.0
+    assert m["ratio_max"].value.item() == pytest.approx(4.0)  # stats report the untruncated ratio
 
 
 def test_policy_metrics_report_k1_k3_and_ratio_extremes():
@@ -252,17 +261,17 @@ def test_policy_metrics_report_k1_k3_and_ratio_extremes():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     _, m = policy_loss(lp, old, torch.ones(1, 3), mask, 2)
     r = [math.exp(0.1), math.exp(-0.2)]
-    assert m["approx_kl_k1"].item() == pytest.approx((-0.1 + 0.2) / 2)
-    assert m["approx_kl_k3"].item() == pytest.approx(((r[0] - 1 - 0.1) + (r[1] - 1 + 0.2)) / 2)
-    assert m["ratio_max"].item() == pytest.approx(r[0])
-    assert m["ratio_min"].item() == pytest.approx(r[1])
-    assert all(v.dim() == 0 and not v.requires_grad for v in m.values())
+    assert m["approx_kl_k1"].value.item() == pytest.approx((-0.1 + 0.2) / 2)
+    assert m["approx_kl_k3"].value.item() == pytest.approx(((r[0] - 1 - 0.1) + (r[1] - 1 + 0.2)) / 2)
+    assert m["ratio_max"].value.item() == pytest.approx(r[0])
+    assert m["ratio_min"].value.item() == pytest.approx(r[1])
+    assert all(s.value.dim() == 0 and not s.value.requires_grad for s in m.values())
 
 
 def test_empty_micro_batch_gives_zero_loss_and_neutral_extrema():
     loss, m = policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1, 2), 0)
     assert loss.item() == 0.0
-    assert m["ratio_max"].item() == float("-inf") and m["ratio_min"].item() == float("inf")
+    assert m["ratio_max"].value.item() == float("-inf") and m["ratio_min"].value.item() == float("inf")
 
 
 # ----- entropy and KL to the reference ------------------------------------------------------------
@@ -270,7 +279,7 @@ def test_empty_micro_batch_gives_zero_loss_and_neutral_extrema():
 
 def test_entropy_bonus_is_the_token_mean_entropy():
     value, m = entropy_bonus(torch.tensor([[1.0, 3.0]]), torch.tensor([[1.0, 1.0]]), 4)
-    assert value.item() == pytest.approx(1.0) and m["entropy"].item() == pytest.approx(1.0)
+    assert value.item() == pytest.approx(1.0) and m["entropy"].value.item() == pytest.approx(1.0)
 
 
 def test_kl_to_reference_is_the_clamped_k3_estimator():
@@ -308,29 +317,26 @@ def test_sdar_gate_attenuates_negative_gap_tokens_and_gets_no_gradient():
 def test_gated_surrogate_value_and_gradient_match_the_closed_form():
     teacher = torch.tensor([[-1.0, -3.0, -2.0]])
     lp = torch.tensor([[-2.0, -1.0, -2.5]], requires_grad=True)
-    old = lp.detach().clone()
-    g = sdar_gate(teacher, old, beta=5.0)
+    g = sdar_gate(teacher, lp.detach(), beta=5.0)
     mask = torch.tensor([[1.0, 1.0, 1.0]])
-    aux = {"teacher_logprobs": teacher, "distill_weight": g}
-    loss, m = gated_surrogate(lp, mask, aux, 5, proximal_logprobs=old)
+    loss, m = gated_surrogate(X(lp, mask, 5, teacher_logprobs=teacher), beta=5.0)
     assert loss.item() == pytest.approx(float((g * (teacher - lp.detach())).sum()) / 5)
     loss.backward()
     assert torch.allclose(lp.grad, -g / 5)  # gated push-up: weaker where the teacher rejects
-    assert m["negative_gap_fraction"].item() == pytest.approx(1 / 5)
-    assert m["gate_active_ratio"].item() == pytest.approx(2 / 5)
-    assert m["teacher_gap_mean"].item() == pytest.approx((1.0 - 2.0 + 0.5) / 5)
+    assert m["negative_gap_fraction"].value.item() == pytest.approx(1 / 5)
+    assert m["gate_active_ratio"].value.item() == pytest.approx(2 / 5)
+    assert m["teacher_gap_mean"].value.item() == pytest.approx((1.0 - 2.0 + 0.5) / 5)
 
 
-def test_gated_surrogate_gives_no_gradient_to_teacher_or_gate_and_respects_distill_mask():
+def test_gated_surrogate_without_a_gate_weighs_every_token_one_and_respects_distill_mask():
     teacher = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    gate = torch.tensor([[0.7, 0.9]], requires_grad=True)
     lp = torch.tensor([[-1.5, -1.0]], requires_grad=True)
-    aux = {"teacher_logprobs": teacher, "distill_weight": gate, "distill_mask": torch.tensor([[0.0, 1.0]])}
-    loss, _ = gated_surrogate(lp, torch.ones(1, 2), aux, 2, proximal_logprobs=lp.detach())
+    loss, m = gated_surrogate(X(lp, torch.ones(1, 2), 2, teacher_logprobs=teacher,
+                                distill_mask=torch.tensor([[0.0, 1.0]])))
     loss.backward()
-    assert teacher.grad is None and gate.grad is None
-    assert lp.grad[0].tolist() == pytest.approx([0.0, -0.9 / 2])
-    assert loss.item() == pytest.approx(0.9 * (-2.0 + 1.0) / 2)
+    assert teacher.grad is None and "gate_mean" not in m
+    assert lp.grad[0].tolist() == pytest.approx([0.0, -1.0 / 2])
+    assert loss.item() == pytest.approx((-2.0 + 1.0) / 2)
 
 
 # ----- K3-IS --------------------------------------------------------------------------------------
@@ -348,7 +354,7 @@ def test_k3_is_value_and_gradient_match_autograd_of_the_direct_formula(seed):
     distill = (torch.rand(3, 5, generator=g) > 0.3).double()
     n = 17.0
     lp = lp0.clone().requires_grad_(True)
-    loss, _ = k3_is(lp, mask, {"teacher_logprobs": teacher, "distill_mask": distill}, n, proximal_logprobs=old)
+    loss, _ = k3_is(X(lp, mask, n, prox=old, teacher_logprobs=teacher, distill_mask=distill))
     loss.backward()
 
     ref_lp = lp0.clone().requires_grad_(True)
@@ -368,16 +374,16 @@ def test_k3_is_value_and_gradient_match_autograd_of_the_direct_formula(seed):
 
 def test_k3_is_is_zero_with_zero_gradient_on_policy_when_student_matches_teacher():
     lp = torch.tensor([[-0.7, -1.1]], requires_grad=True)
-    loss, m = k3_is(lp, torch.ones(1, 2), {"teacher_logprobs": lp.detach().clone()}, 2, proximal_logprobs=lp.detach())
+    loss, m = k3_is(X(lp, torch.ones(1, 2), 2, teacher_logprobs=lp.detach().clone()))
     loss.backward()
     assert loss.item() == 0.0 and torch.all(lp.grad == 0)
-    assert m["rho_mean"].item() == pytest.approx(1.0)
+    assert m["rho_mean"].value.item() == pytest.approx(1.0)
 
 
 def test_k3_is_rho_is_not_detached_so_it_adds_k3_times_rho_to_the_gradient():
     lp = torch.tensor([[-1.0]], requires_grad=True)
     teacher, old = torch.tensor([[-2.0]]), torch.tensor([[-1.5]])
-    loss, _ = k3_is(lp, torch.ones(1, 1), {"teacher_logprobs": teacher}, 1, proximal_logprobs=old)
+    loss, _ = k3_is(X(lp, torch.ones(1, 1), 1, prox=old, teacher_logprobs=teacher))
     loss.backward()
     ell, rho = 1.0, math.exp(0.5)
     k3 = math.exp(-ell) - 1 + ell
@@ -401,8 +407,7 @@ def _tg_case(seed: int):
 def test_full_kl_equals_a_direct_sum_p_log_p_over_q_on_selected_tokens_over_all_tokens(seed):
     mask, distill, student, teacher = _tg_case(seed)
     n_all = 11.0  # all valid response tokens of the mini-batch, larger than this micro-batch
-    loss, m = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, n_all, proximal_logprobs=torch.zeros(2, 4),
-                      student_logits=student, teacher_logits=teacher)
+    loss, m = full_kl(X(torch.zeros(2, 4), mask, n_all, distill_mask=distill, student_logits=student, teacher_logits=teacher))
     selected = distill[mask > 0].bool()  # rows of the logits, in mask.nonzero() order
     direct = 0.0
     for i in range(student.shape[0]):
@@ -412,14 +417,13 @@ def test_full_kl_equals_a_direct_sum_p_log_p_over_q_on_selected_tokens_over_all_
         q = torch.softmax(teacher[i].detach(), -1)
         direct += sum(p[v].item() * (math.log(p[v].item()) - math.log(q[v].item())) for v in range(p.numel()))
     assert loss.item() == pytest.approx(direct / n_all, rel=1e-10)
-    assert m["selected_fraction"].item() == pytest.approx(3 / n_all)
+    assert m["selected_fraction"].value.item() == pytest.approx(3 / n_all)
     assert loss.item() > 0
 
 
 def test_full_kl_has_zero_gradient_into_the_teacher_and_none_on_unselected_rows():
     mask, distill, student, teacher = _tg_case(0)
-    loss, _ = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 6, proximal_logprobs=torch.zeros(2, 4),
-                      student_logits=student, teacher_logits=teacher)
+    loss, _ = full_kl(X(torch.zeros(2, 4), mask, 6, distill_mask=distill, student_logits=student, teacher_logits=teacher))
     loss.backward()
     assert teacher.grad is None
     selected = distill[mask > 0].bool()
@@ -429,38 +433,48 @@ def test_full_kl_has_zero_gradient_into_the_teacher_and_none_on_unselected_rows(
 
 def test_full_kl_is_normalised_by_all_tokens_not_by_the_failed_turn_tokens():
     mask, distill, student, teacher = _tg_case(1)
-    args = dict(proximal_logprobs=torch.zeros(2, 4), student_logits=student, teacher_logits=teacher)
-    small, _ = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 6, **args)
-    large, _ = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 60, **args)
+    args = dict(distill_mask=distill, student_logits=student, teacher_logits=teacher)
+    small, _ = full_kl(X(torch.zeros(2, 4), mask, 6, **args))
+    large, _ = full_kl(X(torch.zeros(2, 4), mask, 60, **args))
     assert small.item() == pytest.approx(10 * large.item())
 
 
 def test_full_kl_is_zero_when_the_teacher_logits_equal_the_student_logits():
     mask, distill, student, _ = _tg_case(2)
-    loss, _ = full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 6, proximal_logprobs=torch.zeros(2, 4),
-                      student_logits=student, teacher_logits=student.detach().clone())
+    loss, _ = full_kl(X(torch.zeros(2, 4), mask, 6, distill_mask=distill, student_logits=student, teacher_logits=student.detach().clone()))
     assert loss.item() == pytest.approx(0.0, abs=1e-12)
 
 
 def test_full_kl_rejects_logits_that_do_not_cover_the_response_tokens():
     mask, distill, student, teacher = _tg_case(0)
     with pytest.raises(ValueError, match="response tokens"):
-        full_kl(torch.zeros(2, 4), mask, {"distill_mask": distill}, 6, proximal_logprobs=torch.zeros(2, 4),
-                student_logits=student[:3], teacher_logits=teacher[:3])
+        full_kl(X(torch.zeros(2, 4), mask, 6, distill_mask=distill, student_logits=student[:3], teacher_logits=teacher[:3]))
 
 
 # ----- registry -----------------------------------------------------------------------------------
 
 
-def test_aux_registry_names_the_three_kinds_with_one_signature():
+def test_aux_registry_names_the_three_kinds_with_one_typed_input():
     assert set(AUX_LOSSES) == {"gated_surrogate", "k3_is", "full_kl"}
     lp = torch.tensor([[-1.0, -2.0]])
-    mask = torch.ones(1, 2)
-    aux = {"teacher_logprobs": lp - 0.1, "distill_weight": torch.full((1, 2), 0.5)}
     logits = torch.zeros(2, 3)
+    x = X(lp, torch.ones(1, 2), 2, teacher_logprobs=lp - 0.1, input_ids=torch.tensor([[0, 1]]),
+          student_logits=logits, teacher_logits=logits)
     for kind, fn in AUX_LOSSES.items():
-        loss, metrics = fn(lp, mask, aux, 2, proximal_logprobs=lp, student_logits=logits, teacher_logits=logits)
-        assert loss.dim() == 0 and "loss" in metrics, kind
+        loss, metrics = fn(x)
+        assert loss.dim() == 0 and "loss" in metrics and "alignment" in metrics, kind
+
+
+def test_k3_is_with_a_gate_weighs_each_token_by_sdars_gate():
+    lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    teacher = torch.tensor([[-0.5, -3.0]])
+    plain, _ = k3_is(X(lp, torch.ones(1, 2), 2, teacher_logprobs=teacher))
+    gated, m = k3_is(X(lp, torch.ones(1, 2), 2, teacher_logprobs=teacher), beta=5.0)
+    ell = lp.detach() - teacher
+    k3 = torch.exp(-ell) - 1 + ell
+    g = torch.sigmoid(5.0 * (teacher - lp.detach()))
+    assert gated.item() == pytest.approx(float((g * k3).sum()) / 2) and plain.item() == pytest.approx(float(k3.sum()) / 2)
+    assert m["gate_mean"].value.item() == pytest.approx(float(g.mean()))
 
 
 def test_gated_surrogate_with_beta_gates_by_the_current_logprobs_and_the_gate_has_no_gradient():
@@ -468,12 +482,12 @@ def test_gated_surrogate_with_beta_gates_by_the_current_logprobs_and_the_gate_ha
     lp = torch.randn(2, 5, requires_grad=True)
     lpt = torch.randn(2, 5)
     mask = torch.ones(2, 5)
-    loss, m = gated_surrogate(lp, mask, {"teacher_logprobs": lpt}, 10, proximal_logprobs=torch.zeros(2, 5), beta=5.0)
+    loss, m = gated_surrogate(X(lp, mask, 10, prox=torch.zeros(2, 5), teacher_logprobs=lpt), beta=5.0)
     gate = torch.sigmoid(5.0 * (lpt - lp.detach()))
     assert torch.allclose(loss, (gate * (lpt - lp.detach())).sum() / 10)
     loss.backward()
     assert torch.allclose(lp.grad, -gate / 10)  # the gate itself is detached
-    assert torch.allclose(m["gate_mean"], gate.mean() * 10 / 10)
+    assert torch.allclose(m["gate_mean"].value, gate.mean() * 10 / 10)
 
 
 def test_k3_is_weight_and_alignment_use_the_learners_proximal_logprobs_only():
@@ -485,11 +499,11 @@ def test_k3_is_weight_and_alignment_use_the_learners_proximal_logprobs_only():
     mask = torch.ones(2, 6)
     prox = lp0.clone()
     lp = lp0.clone().requires_grad_(True)
-    loss, m = k3_is(lp, mask, {"teacher_logprobs": teacher}, 12, proximal_logprobs=prox)
+    loss, m = k3_is(X(lp, mask, 12, prox=prox, teacher_logprobs=teacher))
     loss.backward()
-    assert m["rho_mean"].item() == pytest.approx(1.0)  # on-policy at the step's first update
-    assert m["alignment"].item() == pytest.approx((prox - teacher).mean().item())
+    assert m["rho_mean"].value.item() == pytest.approx(1.0)  # on-policy at the step's first update
+    assert m["alignment"].value.item() == pytest.approx((prox - teacher).mean().item())
     ell = lp0 - teacher
     grad = (torch.exp(-ell) - 1 + ell) + (1 - torch.exp(-ell))  # rho * k3' + k3 * rho' at rho = 1
     assert torch.allclose(lp.grad, grad / 12, atol=1e-6)
-    assert "old_logprobs" not in inspect.signature(k3_is).parameters
+    assert "behaviour_logprobs" not in {f.name for f in dataclasses.fields(LossInputs)}

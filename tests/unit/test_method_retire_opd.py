@@ -7,7 +7,7 @@ from method_groups import PENALTY, build, episode, group, turn
 
 from pipeline.algorithm.advantages import grpo_advantages, rows_from_groups
 from pipeline.methods import build_method
-from pipeline.methods.retire_opd import TEACHER_META, read_teacher_success_rate, write_teacher_meta
+from pipeline.methods.parts.teacher import TEACHER_META, read_teacher_success_rate, write_teacher_meta
 
 
 def groups_with_alignment(k: float):
@@ -140,17 +140,17 @@ def test_validations_between_window_ends_are_ignored():
 
 
 def test_prerequisite_is_skill_grpo_with_the_same_retrieval_options_when_no_teacher_is_given():
-    from pipeline.methods.retire_opd import RetireOPD
-
     raw = {"name": "retire_opd", "skill_mode": "full", "skill_top_k": 4}
-    phase1 = RetireOPD.prerequisite(raw)
+    phase2 = build_method(raw, invalid_action_penalty=PENALTY)
+    phase1 = phase2.prerequisite()
     assert phase1["name"] == "skill_grpo"
-    student = build_method(phase1, total_steps=150, invalid_action_penalty=PENALTY)
+    student = build_method(phase1, invalid_action_penalty=PENALTY)
     assert student.skills_for_student() == {"bank": "alfworld", "mode": "full", "top_k": 4, "placement": "user"}
-    phase2 = build_method(raw, total_steps=100, invalid_action_penalty=PENALTY)
+    assert student.teacher_spec() is None and student.signal.kind == "none"
     assert phase2.skills_for_teacher() == student.skills_for_student()
-    assert RetireOPD.prerequisite_steps(raw) == 150
-    assert RetireOPD.prerequisite({**raw, "teacher_path": "/t", "teacher_success_rate": 0.4}) is None
+    assert phase2.prerequisite_steps() == 150
+    given = build_method({**raw, "teacher_path": "/t", "teacher_success_rate": 0.4}, invalid_action_penalty=PENALTY)
+    assert given.prerequisite() is None
 
 
 def test_adopting_the_phase_one_teacher_sets_path_and_success_rate(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from method_groups import PENALTY, build, episode, group, turn
 
 from pipeline.algorithm.advantages import grpo_advantages, rows_from_groups
-from pipeline.methods.targeted import turn_feedback
+from pipeline.context.providers import turn_feedback
 from pipeline.core.types import CriterionResult
 
 
@@ -178,7 +178,7 @@ def test_criterion_reward_ablation_uses_task_success_only_and_changes_advantages
 
 
 def test_sampled_estimator_asks_the_scorer_for_failed_turns_and_uses_k3_is():
-    method = build("targeted_guidance", estimator="sampled", always_on=True)
+    method = build("targeted_guidance", estimator="k3_is", always_on=True)
     spec = method.teacher_spec()
     assert (spec.source, spec.context, spec.rows, spec.always_on) == ("self", "feedback", "failed_turns", True)
     assert method.teacher_active(0)
@@ -190,7 +190,7 @@ def test_sampled_estimator_fills_unscored_rows_with_zero_and_masks_them():
     rows[3].teacher_logprobs = [-0.5, -0.6, -0.7, -0.8]  # a/ep1 t1: failed and scored
     rows[6].teacher_logprobs = [-0.1, -0.2]  # b/ep0 t0: failed and scored
     # a/ep2 t0 failed but was not scored
-    credit = build("targeted_guidance", estimator="sampled").credit(groups, 0)
+    credit = build("targeted_guidance", estimator="k3_is").credit(groups, 0)
     [term] = credit.aux_terms
     assert (term.name, term.kind, term.coef) == ("tg", "k3_is", 0.1)
     assert credit.aux["teacher_logprobs"][3] == [-0.5, -0.6, -0.7, -0.8]

@@ -1,5 +1,6 @@
-"""The method registry, the conf/method presets, and the credit of the GRPO-family and
-skill-teacher methods (gigpo, skill_grpo, sdar, opsd, grpo_opsd, skill_sd, adrs) on hand-built groups."""
+"""The method registry, the conf/method presets (methods from parts), and the credit of the
+GRPO-family and skill-teacher methods (gigpo, skill_grpo, sdar, opsd, grpo_opsd, skill_sd, adrs) on
+hand-built groups."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,13 +13,14 @@ from method_groups import PENALTY, build, scored_groups, unscored
 
 from pipeline.algorithm.advantages import adrs_advantages, gigpo_advantages, grpo_advantages, rows_from_groups
 from pipeline.orchestration.batches import build_train_batch, rows_of
-from pipeline.algorithm.losses import AUX_LOSSES, AUX_NEEDS_LOGITS
-from pipeline.methods import available_methods, build_method
-from pipeline.methods.base import METHODS
+from pipeline.algorithm.losses import AUX_LOSSES, AUX_NEEDS_LOGITS, LossInputs
+from pipeline.methods import available_methods, build_method, load_preset
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "method"
-ALL = ["grpo", "gigpo", "skill_grpo", "sdar", "opsd", "grpo_opsd", "skill_sd", "retire_opd", "adrs",
-       "targeted_guidance"]
+PAPERS = ["grpo", "gigpo", "skill_grpo", "sdar", "opsd", "grpo_opsd", "skill_sd", "retire_opd", "adrs",
+          "targeted_guidance"]
+COMBINATIONS = ["gated_retire_opd", "retiring_targeted_guidance"]  # YAML only, no paper
+ALL = PAPERS + COMBINATIONS
 
 
 def _sig(x: float) -> float:
@@ -42,18 +44,23 @@ def assert_nested_close(got: list[list[float]], want: list[list[float]], tol: fl
 # ----- registry and presets -------------------------------------------------------------------------
 
 
-def test_registry_holds_all_ten_methods():
+def test_registry_holds_every_preset():
     assert sorted(available_methods()) == sorted(ALL)
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_every_method_yaml_builds_and_matches_the_options_defaults(name):
+def test_every_preset_yaml_builds_with_exactly_its_parts_options(name):
     from pipeline.tools.cli import compose
 
     raw = compose([f"method={name}", "env=alfworld"]).method  # skill_bank follows env.name
-    method = build_method(raw, total_steps=10, invalid_action_penalty=PENALTY)
+    method = build_method(raw, invalid_action_penalty=PENALTY)
     assert method.name == name
-    assert method.opts == METHODS[name].Options(), "the YAML preset and the Options defaults disagree"
+    preset = load_preset(name)
+    options = {k: v for k, v in raw.items() if k not in ("name", "parts", "fixed", "prefix")}
+    declared = {f for part in method.parts.values() for f in getattr(part.opts, "__dataclass_fields__", {})}
+    assert set(options) | set(preset.get("fixed", {})) == declared, "the YAML must list every option of its parts"
+    for key, value in options.items():
+        assert getattr(method.opts, key) == value, key
 
 
 def test_every_yaml_starts_with_a_one_line_comment():
@@ -66,10 +73,10 @@ def test_paper_values_are_reachable_by_hydra_overrides():
     from pipeline.tools.cli import compose
 
     cfg = compose(["method=sdar", "method.beta=10", "method.lam=0.1"])
-    sdar = build_method(cfg.method, total_steps=10, invalid_action_penalty=PENALTY)
+    sdar = build_method(cfg.method, invalid_action_penalty=PENALTY)
     assert (sdar.opts.beta, sdar.opts.lam) == (10, 0.1)
     cfg = compose(["method=retire_opd", "method.gamma=0.85", "method.delta=-0.05"])
-    retire = build_method(cfg.method, total_steps=10, invalid_action_penalty=PENALTY)
+    retire = build_method(cfg.method, invalid_action_penalty=PENALTY)
     assert (retire.opts.gamma, retire.opts.delta) == (0.85, -0.05)
 
 
@@ -92,12 +99,15 @@ def test_paper_values_are_reachable_by_hydra_overrides():
     ({"name": "retire_opd", "gamma": 0.0}, "method.gamma=0.0 must be > 0"),
     ({"name": "retire_opd", "window": 2.5}, "method.window=2.5 should be of type int"),
     ({"name": "targeted_guidance", "estimator": "exact"}, "method.estimator='exact'; choose one of"),
+    ({"name": "adrs", "level": "L3"}, "method.level=L3 shapes a gigpo advantage; set method.parts.advantage=gigpo"),
+    ({"name": "sdar", "parts": {"signal": "magic"}}, "parts.signal='magic'; choose one of"),
+    ({"name": "targeted_guidance", "parts": {"teacher": "frozen"}}, "full_kl runs the teacher in the learner"),
     ({"name": "targeted_guidance", "criterion_weights": {"tests": -1}}, "criterion_weights {'tests': -1}"),
     ({"name": "nope"}, "method='nope' is unknown"),
 ])
 def test_bad_options_raise_a_message_naming_the_option(raw, fragment):
     with pytest.raises(ValueError) as err:
-        build_method(raw, total_steps=10, invalid_action_penalty=PENALTY)
+        build_method(raw, invalid_action_penalty=PENALTY)
     assert fragment in str(err.value)
 
 
@@ -112,7 +122,8 @@ def test_every_method_credit_fits_the_train_batch_builder(name):
 
     groups = scored_groups()
     groups[0].episodes[1].criteria = [_failed("format", 1)]
-    options = {"teacher_path": "/teacher", "teacher_success_rate": 0.5} if name == "retire_opd" else {}
+    options = ({"teacher_path": "/teacher", "teacher_success_rate": 0.5}
+               if name in ("retire_opd", "gated_retire_opd") else {})
     method = build(name, **options)
     method.attach(FakePrompts())
     step = 30  # inside ADRS's shaping window
@@ -126,10 +137,16 @@ def test_every_method_credit_fits_the_train_batch_builder(name):
         assert needs[term.kind] <= set(batch.aux), (name, term.kind)
         assert term.kind != "full_kl" or batch.teacher_input_ids is not None
         if term.kind not in AUX_NEEDS_LOGITS:  # the loss runs on the batch as the learner hands it over
-            loss, _ = AUX_LOSSES[term.kind](batch.behaviour_logprobs.clone().requires_grad_(), batch.response_mask,
-                                            batch.aux, batch.n_tokens, proximal_logprobs=batch.behaviour_logprobs,
-                                            **term.params)
+            loss, _ = AUX_LOSSES[term.kind](_inputs(batch, grad=True), **term.params)
             assert torch.isfinite(loss)
+
+
+def _inputs(batch, grad: bool = False) -> LossInputs:
+    """The loss input as the learner fills it, with the current log-probs = the behaviour ones."""
+    lp = batch.behaviour_logprobs.clone().requires_grad_(grad)
+    return LossInputs(logprobs=lp, mask=batch.response_mask, n_tokens_total=batch.n_tokens,
+                      proximal_logprobs=batch.behaviour_logprobs, input_ids=batch.input_ids,
+                      teacher_logprobs=batch.aux.get("teacher_logprobs"), distill_mask=batch.aux.get("distill_mask"))
 
 
 def _failed(criterion: str, turn: int):
@@ -193,9 +210,8 @@ def _learner_gate_mean(groups, credit) -> tuple[float, dict]:
     """Run the SDAR term as the learner would, with the current log-probs = behaviour log-probs."""
     batch = build_train_batch(rows_of(groups), credit, pad_id=0, default_entropy_coef=0.0)
     [term] = batch.aux_terms
-    _, m = AUX_LOSSES[term.kind](batch.behaviour_logprobs.clone(), batch.response_mask, batch.aux,
-                                 batch.n_tokens, proximal_logprobs=batch.behaviour_logprobs, **term.params)
-    return float(m["gate_mean"]), m
+    _, m = AUX_LOSSES[term.kind](_inputs(batch), **term.params)
+    return float(m["gate_mean"].value), {k: v.value for k, v in m.items()}
 
 
 def test_sdar_term_carries_beta_and_the_loss_gates_with_the_current_logprobs():
@@ -287,7 +303,8 @@ def test_adrs_outside_the_window_is_the_base_advantage_without_a_teacher():
 @pytest.mark.parametrize("level, tva_apply", [("L2", "paper"), ("L2", "after_whitening"), ("L3", "paper")])
 def test_adrs_inside_the_window_shapes_per_token_advantages(level, tva_apply):
     groups = scored_groups()
-    method = build("adrs", level=level, tva_apply=tva_apply, std_mode="global", tau=1.0, clip=0.5)
+    method = build("adrs", level=level, tva_apply=tva_apply, std_mode="global", tau=1.0, clip=0.5,
+                   parts={"advantage": "gigpo" if level == "L3" else "grpo"})
     credit = method.credit(groups, 40)
     rows = rows_from_groups(groups)
     base = (gigpo_advantages(rows, invalid_penalty=PENALTY) if level == "L3"

@@ -1,0 +1,92 @@
+"""The context-provider interface (see ``pipeline.context.providers`` for the kinds and the registry)."""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pipeline.context.placement import PrivilegedPrompt
+from pipeline.core.types import Episode, EpisodeGroup, Message, TurnRecord
+
+
+def task_seed_of(task_text: str) -> int:
+    """A stable per-task seed (the G episodes of a group share the task, hence the skills)."""
+    return zlib.crc32(task_text.encode())
+
+
+def turn_feedback(episode: Episode, turn_index: int, always_on: bool = False) -> list[str]:
+    """Feedback strings for one row: failed criteria failing at ``turn_index`` (with ``always_on``:
+    every failed criterion of the episode), non-empty ones only, in criterion order."""
+    return [c.feedback for c in episode.criteria
+            if not c.passed and (always_on or c.failing_turn == turn_index) and c.feedback.strip()]
+
+
+@dataclass
+class TeacherSpec:
+    """What the teacher scorer must do for a method: whose weights, which context, which rows."""
+
+    source: str  # "self" (the policy, synced weights) | "frozen" (a separate checkpoint)
+    provider: "ContextProvider"
+    selects: Callable[[Episode, TurnRecord], bool]  # rows to score
+    rows: str = "all"  # the select part's kind: "all" | "failed_turns"
+    frozen_path: str | None = None  # HF dir of the frozen teacher (source == "frozen")
+
+    @property
+    def context(self) -> str:
+        return self.provider.kind
+
+    @property
+    def placement(self) -> str | None:
+        return getattr(self.provider.opts, "placement", None)
+
+    @property
+    def always_on(self) -> bool:
+        return getattr(self.provider, "always_on", False)
+
+
+# ----- what the rollout worker applies ---------------------------------------------------------------
+class StudentView(abc.ABC):
+    """Privileged context in the student's own prompt; applied by the rollout worker to every
+    prompt it builds. Must pickle small (it travels with every ``run_group``)."""
+
+    @abc.abstractmethod
+    def apply(self, messages: list[Message], env, turn: int,
+              default_system: str | None) -> tuple[PrivilegedPrompt, list[str]]:
+        """The prompt to render for this turn, and the ids of the context offered (for UCB)."""
+
+
+# ----- providers ---------------------------------------------------------------------------------------
+class ContextProvider(abc.ABC):
+    """One kind of privileged context (see the module docstring)."""
+
+    kind: ClassVar[str] = ""
+
+    @dataclasses.dataclass
+    class Options:
+        def validate(self, method: str) -> None:
+            pass
+
+    def __init__(self, opts, *, env_name: str, seed: int = 0):
+        self.opts, self.env_name, self.seed = opts, env_name, seed
+
+    @abc.abstractmethod
+    def teacher_prompt(self, prompts, episode: Episode, row: TurnRecord) -> list[int] | None:
+        ...
+
+    @abc.abstractmethod
+    def student_view(self, first_attempt: Episode | None = None) -> StudentView | None:
+        ...
+
+    def observe(self, groups: list[EpisodeGroup]) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+

@@ -1,0 +1,41 @@
+"""The process environment every process of a run needs, defined once.
+
+``set_process_env()`` is called by the CLI, by ``run_training`` and by the test session before
+Ray, DeepSpeed or wandb are imported; the same values go to every Ray actor through the run's
+runtime env. Users can still override any of them in their environment (only unset ones are set).
+"""
+from __future__ import annotations
+
+import os
+
+
+def runtime_env_defaults() -> dict[str, str]:
+    out = {
+        "RAY_AUTH_MODE": "disabled",  # Ray 2.60 turns token auth on by default
+        "WANDB_MODE": "offline",
+        "HF_HUB_OFFLINE": "1",  # no hub: models come from the cache (pipeline.models)
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+        "TOKENIZERS_PARALLELISM": "false",  # tokenizers threads would fight the actors' torch threads
+        "RAY_DEDUP_LOGS": "0",
+    }
+    # DS_ACCELERATOR=cpu only where this process sees no CUDA (CPU machines, CI): it spares
+    # DeepSpeed's accelerator probing there; forced on a CUDA machine it would put every learner
+    # on the CPU. Learner actors that ask for GPUs get DS_ACCELERATOR=cuda from the run assembly,
+    # whatever the driver has (a CPU-only head driving GPU workers).
+    if "DS_ACCELERATOR" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            out["DS_ACCELERATOR"] = "cpu"
+    return out
+
+
+KEYS = ("RAY_AUTH_MODE", "WANDB_MODE", "HF_HUB_OFFLINE", "TRANSFORMERS_NO_ADVISORY_WARNINGS",
+        "TOKENIZERS_PARALLELISM", "RAY_DEDUP_LOGS", "DS_ACCELERATOR")
+
+
+def set_process_env() -> dict[str, str]:
+    """Set the unset defaults in this process; returns the values in effect (for the actors)."""
+    for k, v in runtime_env_defaults().items():
+        os.environ.setdefault(k, v)
+    return {k: os.environ[k] for k in KEYS if k in os.environ}

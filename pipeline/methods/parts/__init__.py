@@ -1,0 +1,34 @@
+"""The parts a method is made of, one slot each (``parts:`` in ``conf/method/<name>.yaml``):
+
+| slot | kinds | decides |
+|---|---|---|
+| ``reward`` | ``env``, ``criteria`` | the episode reward the advantages use |
+| ``advantage`` | ``grpo``, ``gigpo`` | row advantages (and the env-signal strength of a group) |
+| ``teacher`` | ``none``, ``self``, ``frozen`` | whose log-probs teach: nobody, the policy's synced weights, a frozen checkpoint (trained first when none is given) |
+| ``context`` | ``none``, ``skills``, ``feedback`` | the privileged context (``pipeline.context.providers``) |
+| ``student`` | ``plain``, ``context`` | whether the student's own prompts carry the context too |
+| ``select`` | ``all``, ``failed_turns`` | which rows (and tokens) the teacher signal touches |
+| ``signal`` | ``none``, ``aux``, ``shaping`` | how the teacher enters: an aux loss (estimator, gate) or shaped advantages (ADRS TVA) |
+| ``schedule`` | ``constant``, ``window``, ``retirement`` | when the teacher signal is on, and at what scale |
+
+Each part is a small class with an ``Options`` dataclass (defaults and a ``validate``) registered
+by ``@part``; a preset is a YAML naming one kind per slot plus option values, so a new combination
+costs a YAML and a new kind of part costs one class here.
+"""
+from __future__ import annotations
+
+from pipeline.methods.parts.base import DEFAULT_KINDS, PARTS, SLOTS, Part, Setting, part
+
+
+def load_parts() -> None:
+    """Import the modules that register parts."""
+    import pipeline.methods.parts.advantage  # noqa: F401
+    import pipeline.methods.parts.context  # noqa: F401
+    import pipeline.methods.parts.reward  # noqa: F401
+    import pipeline.methods.parts.schedule  # noqa: F401
+    import pipeline.methods.parts.select  # noqa: F401
+    import pipeline.methods.parts.signal  # noqa: F401
+    import pipeline.methods.parts.teacher  # noqa: F401
+
+
+__all__ = ["DEFAULT_KINDS", "PARTS", "Part", "SLOTS", "Setting", "load_parts", "part"]

@@ -1,0 +1,152 @@
+"""``schedule`` parts: when the teacher signal is on, and its scale (0 = off: no teacher forward).
+
+- ``constant``: always on.
+- ``window`` (ADRS): on for the training steps ``warmup_steps < n <= warmup_steps + active_steps``
+  (21-70 by default; ``active_steps: null`` = to the end), with ``entropy_coef_active`` while on
+  and ``entropy_coef_idle`` otherwise (set on every step's Credit). ``n = step + 1``: the
+  controller passes completed steps.
+- ``retirement`` (RetireOPD): on until the teacher retires (``pipeline.algorithm.retirement``):
+  windows of ``window`` steps of ``K_n = <prefix>/alignment`` (the learner's token mean of
+  ``lp_prox - lpT``), closed by the validation at each window end; retire at the first window
+  m >= 2 with ``rho_m >= delta`` and ``eta_m >= gamma``. SR_T is the frozen teacher's recorded
+  success rate, or, for a teacher that learns with the student, the success rate of the policy
+  given the privileged context measured at that validation. ``trainer.val_every`` must equal
+  ``window``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from pipeline.algorithm.advantages import adrs_schedule
+from pipeline.algorithm.retirement import RetirementController
+from pipeline.methods.options import check_types, require
+from pipeline.methods.parts.base import Part, part
+
+
+class Schedule(Part):
+    def scale(self, step: int) -> float:
+        return 1.0
+
+    def entropy_coef(self, step: int) -> float | None:
+        return None
+
+    def metrics(self, step: int) -> dict[str, float]:
+        return {}
+
+    def check(self, step: int) -> None:
+        """Raise before a step the schedule cannot take (a window that was never validated)."""
+
+    def after_train_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        return {}
+
+    def on_validation(self, step: int, success_rate: float, teacher_success_rate: float | None) -> dict[str, float]:
+        return {}
+
+    def required_val_every(self) -> int | None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+@part
+class Constant(Schedule):
+    slot, kind = "schedule", "constant"
+
+
+@part
+class Window(Schedule):
+    slot, kind = "schedule", "window"
+
+    @dataclasses.dataclass
+    class Options:
+        warmup_steps: int = 20  # the teacher signal starts after this many steps
+        active_steps: int | None = 50  # ... and lasts this many (null = to the end)
+        entropy_coef_active: float = 0.01  # entropy bonus while on
+        entropy_coef_idle: float = 0.001  # entropy bonus otherwise
+
+        def validate(self, method: str) -> None:
+            check_types(self, method)
+            require(self.warmup_steps >= 0, f"method={method}: method.warmup_steps={self.warmup_steps} must be >= 0")
+            require(self.active_steps is None or self.active_steps >= 1,
+                    f"method={method}: method.active_steps={self.active_steps} must be >= 1, or null for no end")
+            require(self.entropy_coef_active >= 0.0 and self.entropy_coef_idle >= 0.0,
+                    f"method={method}: method.entropy_coef_active and method.entropy_coef_idle must be >= 0")
+
+    def _at(self, step: int):
+        o = self.opts
+        return adrs_schedule(step + 1, eta=1.0, warmup_steps=o.warmup_steps, active_steps=o.active_steps,
+                             entropy_coef_active=o.entropy_coef_active, entropy_coef_idle=o.entropy_coef_idle)
+
+    def scale(self, step: int) -> float:
+        return self._at(step).eta_s
+
+    def entropy_coef(self, step: int) -> float | None:
+        return self._at(step).entropy_coef
+
+    def metrics(self, step: int) -> dict[str, float]:
+        return {f"{self.setting.prefix}/entropy_coef": self.entropy_coef(step)}
+
+
+@part
+class Retirement(Schedule):
+    slot, kind = "schedule", "retirement"
+
+    @dataclasses.dataclass
+    class Options:
+        gamma: float = 0.9  # retire when eta_m >= gamma (success-rate ratio to the teacher), > 0
+        delta: float = 0.0  # ... and rho_m >= delta (relative change of the window-mean K)
+        window: int = 5  # W, steps per window; trainer.val_every must equal it
+
+        def validate(self, method: str) -> None:
+            check_types(self, method)
+            require(math.isfinite(self.gamma) and self.gamma > 0.0,
+                    f"method={method}: method.gamma={self.gamma} must be > 0 (paper range 0.80-0.96)")
+            require(math.isfinite(self.delta),
+                    f"method={method}: method.delta={self.delta} must be finite (paper range -0.10-0.04)")
+            require(self.window >= 1, f"method={method}: method.window={self.window} must be >= 1")
+
+    def __init__(self, opts, setting):
+        super().__init__(opts, setting)
+        self.controller = RetirementController(teacher_success_rate=None, window=opts.window, delta=opts.delta,
+                                               gamma=opts.gamma, prefix=setting.prefix)
+
+    @property
+    def retired(self) -> bool:
+        return self.controller.retired
+
+    def scale(self, step: int) -> float:
+        return 0.0 if self.controller.retired else 1.0
+
+    def metrics(self, step: int) -> dict[str, float]:
+        return self.controller.metrics() if self.controller.retired else {}
+
+    def check(self, step: int) -> None:
+        if self.controller.needs_validation:
+            raise RuntimeError(f"{self.setting.method}: a window of {self.opts.window} steps ended before step "
+                               f"{step + 1} without a validation; set trainer.val_every={self.opts.window} "
+                               "(= method.window)")
+
+    def after_train_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        key = f"{self.setting.prefix}/alignment"
+        if self.controller.retired or key not in metrics:
+            return self.controller.metrics()
+        return self.controller.record_step(step + 1, float(metrics[key]))
+
+    def on_validation(self, step: int, success_rate: float, teacher_success_rate: float | None) -> dict[str, float]:
+        if self.controller.needs_validation:
+            return self.controller.end_window(success_rate, teacher_success_rate)
+        return self.controller.metrics()
+
+    def required_val_every(self) -> int:
+        return self.opts.window
+
+    def state_dict(self) -> dict:
+        return self.controller.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.controller.load_state_dict(state)

@@ -1,0 +1,173 @@
+"""``signal`` parts: how the teacher's log-probs enter training.
+
+- ``none``: they do not (the advantages alone).
+- ``aux``: an auxiliary loss term ``lam * scale * L`` the learner adds (``pipeline.algorithm.losses``),
+  one ``AuxTerm(name=<prefix>)``:
+
+  * ``estimator: sampled_surrogate``: ``token_mean(w * (lpT - lp))`` on the sampled tokens (SDAR);
+  * ``estimator: k3_is``: ``token_mean(w * rho * k3)``, ``rho = exp(lp - lp_prox)`` (RetireOPD's OPD,
+    Skill-SD; targeted guidance "sampled");
+  * ``estimator: full_kl``: the exact reverse KL over the vocabulary to a learner-side teacher
+    forward with the current weights on the privileged prompt (targeted guidance "full"; needs
+    ``teacher: self``; no scorer).
+
+  ``weight: gate`` makes ``w = sg(sigmoid(beta * (lpT - lp)))`` (SDAR's gate, computed in the loss
+  from the current log-probs; ``beta = 0`` is the constant 0.5 of grpo_opsd); ``weight: none``
+  makes ``w = 1``. ``pg_coef`` scales the policy loss (OPSD: 0). With ``select: failed_turns``
+  the term carries a ``distill_mask``; a step with no selected token carries no term.
+- ``shaping`` (ADRS): per-token advantages ``A_t = A_row + clip(eta * scale * Z_t, -c_g, c_g)``
+  from centred teacher scores and the TVA gate (``pipeline.algorithm.advantages.adrs_advantages``);
+  ``level: L2`` on a ``grpo`` advantage (unit = row), ``L3`` on ``gigpo`` (unit = anchor step).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from pipeline.algorithm.advantages import adrs_advantages
+from pipeline.core.types import AuxTerm
+from pipeline.methods.options import check_types, require
+from pipeline.methods.parts.base import Part, part
+
+ESTIMATORS = ("sampled_surrogate", "k3_is", "full_kl")
+KIND_OF = {"sampled_surrogate": "gated_surrogate", "k3_is": "k3_is", "full_kl": "full_kl"}
+WEIGHTS = ("none", "gate")
+
+
+@part
+class NoSignal(Part):
+    slot, kind = "signal", "none"
+
+    def coef(self) -> float:
+        return 0.0
+
+    def apply(self, job) -> None:
+        pass
+
+
+@part
+class AuxLoss(Part):
+    slot, kind = "signal", "aux"
+
+    @dataclasses.dataclass
+    class Options:
+        estimator: str = "sampled_surrogate"  # sampled_surrogate | k3_is | full_kl
+        lam: float = 0.01  # coefficient of the term, >= 0
+        weight: str = "none"  # none | gate (SDAR's sigmoid gate)
+        beta: float = 5.0  # gate sharpness (weight: gate); 0 = constant gate 0.5
+        pg_coef: float = 1.0  # policy-loss coefficient (OPSD: 0 = the distillation term alone)
+
+        def validate(self, method: str) -> None:
+            check_types(self, method)
+            require(self.estimator in ESTIMATORS,
+                    f"method={method}: method.estimator={self.estimator!r}; choose one of {list(ESTIMATORS)}")
+            require(self.lam >= 0.0, f"method={method}: method.lam={self.lam} must be >= 0")
+            require(self.weight in WEIGHTS, f"method={method}: method.weight={self.weight!r}; choose one of {list(WEIGHTS)}")
+            require(math.isfinite(self.beta) and self.beta >= 0.0,
+                    f"method={method}: method.beta={self.beta} must be a finite number >= 0")
+            require(self.pg_coef >= 0.0, f"method={method}: method.pg_coef={self.pg_coef} must be >= 0")
+            require(not (self.weight == "gate" and self.estimator == "full_kl"),
+                    f"method={method}: method.weight=gate is for the sampled estimators; full_kl is exact")
+
+    @property
+    def learner_side(self) -> bool:
+        return self.opts.estimator == "full_kl"
+
+    def coef(self) -> float:
+        return self.opts.lam
+
+    def apply(self, job) -> None:
+        """Fill ``job.credit`` with the term (``job``: a ``pipeline.methods.method.CreditJob``)."""
+        o, credit = self.opts, job.credit
+        credit.policy_loss_coef = o.pg_coef
+        if job.scale <= 0.0:
+            return  # off this step: no term, no teacher needed
+        params = {"beta": float(o.beta)} if o.weight == "gate" else {}
+        term = AuxTerm(name=self.setting.prefix, kind=KIND_OF[o.estimator], coef=o.lam * job.scale, params=params)
+        if o.estimator == "full_kl":
+            masks = job.token_masks()
+            if not any(any(m) for m in masks):
+                return
+            credit.aux["distill_mask"] = masks
+            credit.teacher_prompt_ids = job.teacher_prompts()
+        else:
+            teacher, masks = job.teacher_logprobs()
+            if masks is not None:
+                if not any(any(m) for m in masks):
+                    return
+                credit.aux["distill_mask"] = masks
+            credit.aux["teacher_logprobs"] = teacher
+        credit.aux_terms = [term]
+
+
+LEVELS = ("L2", "L3")
+TVA_APPLY = ("paper", "after_whitening")
+STD_MODES = ("per_seq", "global")
+
+
+@part
+class Shaping(Part):
+    slot, kind = "signal", "shaping"
+
+    @dataclasses.dataclass
+    class Options:
+        level: str = "L2"  # L2 on a grpo advantage (unit = row) | L3 on gigpo (unit = anchor step)
+        tva_apply: str = "paper"  # paper (gate inside the whitening) | after_whitening
+        std_mode: str = "per_seq"  # centring std of qhat: per_seq (scripts) | global (code default)
+        tau: float = 2.0  # gate sharpness m = sigmoid(tau * TVA), >= 0
+        T: float = 1.0  # TVA alignment temperature alpha = sigmoid((lbar - mean) / T), > 0
+        clip: float | None = 0.2  # shaping clip c (scaled per group if adaptive_clip); null = no clip
+        adaptive_clip: bool = True
+        eta: float = 0.02  # shaping coefficient while the schedule is on, >= 0
+
+        def validate(self, method: str) -> None:
+            check_types(self, method)
+            require(self.level in LEVELS, f"method={method}: method.level={self.level!r}; choose one of {list(LEVELS)}")
+            require(self.tva_apply in TVA_APPLY,
+                    f"method={method}: method.tva_apply={self.tva_apply!r}; choose one of {list(TVA_APPLY)}")
+            require(self.std_mode in STD_MODES,
+                    f"method={method}: method.std_mode={self.std_mode!r}; choose one of {list(STD_MODES)}")
+            require(self.tau >= 0.0, f"method={method}: method.tau={self.tau} must be >= 0")
+            require(self.T > 0.0, f"method={method}: method.T={self.T} must be > 0")
+            require(self.clip is None or self.clip > 0.0,
+                    f"method={method}: method.clip={self.clip} must be > 0, or null for no clip")
+            require(self.eta >= 0.0, f"method={method}: method.eta={self.eta} must be >= 0")
+
+    learner_side = False
+
+    def coef(self) -> float:
+        return self.opts.eta
+
+    def apply(self, job) -> None:
+        o = self.opts
+        eta_s = o.eta * job.scale
+        job.credit.metrics[f"{self.setting.prefix}/eta_s"] = eta_s
+        if eta_s <= 0.0:
+            return
+        gigpo = job.advantage_part.kind == "gigpo"
+        teacher, _ = job.teacher_logprobs()
+        per_token, m = adrs_advantages(
+            job.rows, teacher, job.base, eta_s=eta_s, level=o.level, tva_apply=o.tva_apply, std_mode=o.std_mode,
+            temperature=o.T, tau=o.tau, clip=o.clip, adaptive_clip=o.adaptive_clip,
+            invalid_penalty=self.setting.invalid_action_penalty,
+            gamma=job.advantage_part.opts.gamma if gigpo else 0.95,
+            similarity_threshold=job.advantage_part.opts.similarity_threshold if gigpo else None)
+        job.credit.advantages = [t.tolist() for t in per_token]
+        job.credit.metrics.update(m)
+
+
+def check_signal(signal: Part, advantage: Part, teacher: Part, method: str) -> None:
+    """Combinations of parts the signal cannot work with."""
+    if signal.kind == "shaping":
+        want = "gigpo" if signal.opts.level == "L3" else "grpo"
+        require(advantage.kind == want, f"method={method}: method.level={signal.opts.level} shapes a {want} "
+                f"advantage; set method.parts.advantage={want}")
+    if signal.kind == "aux" and signal.opts.estimator == "full_kl":
+        require(teacher.kind == "self", f"method={method}: estimator full_kl runs the teacher in the learner with "
+                "the current weights: it needs parts.teacher=self")
+    if signal.kind != "none":
+        require(teacher.kind != "none", f"method={method}: signal {signal.kind} needs a teacher "
+                "(parts.teacher=self or frozen)")
+
+
+__all__ = ["ESTIMATORS", "check_signal"]
