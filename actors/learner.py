@@ -31,7 +31,7 @@ from pipeline.core.hardware import choose_precision, hardware_info, set_threads
 from pipeline.algorithm.logprobs import forward_response
 from pipeline.algorithm.losses import AUX_LOSSES, AUX_NEEDS_LOGITS, LossInputs, entropy_bonus, kl_to_reference, policy_loss
 from pipeline.algorithm.metrics import Metrics, Reduce, Stat, combine, mean, reduce_micro_batches, to_report
-from pipeline.core.microbatch import null_micro_batch, split_by_tokens, to_device
+from pipeline.core.microbatch import null_micro_batch, padded_tokens, sort_by_length, split_by_tokens, to_device
 from pipeline.core.types import TrainBatch
 
 
@@ -94,6 +94,7 @@ class LearnerWorker:
         self.engine = None
         self.ref_model = None
         self.precision = None  # PrecisionChoice, resolved in setup() where the device is known
+        self._carried = [0, 0]  # this step's (attended, padded) tokens through the forward passes
 
     # ----- setup ---------------------------------------------------------------------------------
     def setup(self) -> dict:
@@ -176,7 +177,8 @@ class LearnerWorker:
         t0 = time.time()
         self.module.train()
         # Rollout workers send CPU tensors; the forward runs where the weights are.
-        minibatches = [to_device(mb, self.device) for mb in minibatches]
+        minibatches = [sort_by_length(to_device(mb, self.device)) for mb in minibatches]
+        self._carried = [0, 0]
         # Proximal log-probs = the weights before the step's first update. The first mini-batch
         # takes them from its own forward; later ones need a no-grad pass now, when the decoupled
         # correction or an aux term (whose importance weight is against them) uses them.
@@ -188,6 +190,7 @@ class LearnerWorker:
         out["learner/tokens"] = (float(sum(mb.n_tokens for mb in minibatches)), Reduce.SUM)
         out["learner/seconds"] = (time.time() - t0, Reduce.MAX)
         out["learner/lr"] = (float(self.engine.get_lr()[0]), Reduce.FIRST)
+        out["learner/padding_frac"] = (1.0 - self._carried[0] / max(self._carried[1], 1), Reduce.MAX)
         return out
 
     def _minibatch(self, batch: TrainBatch, prox_lp: torch.Tensor | None) -> tuple[dict[str, tuple[float, str]], float]:
@@ -201,6 +204,8 @@ class LearnerWorker:
         parts: dict[str, list[Metrics]] = defaultdict(list)  # metric prefix -> per-micro-batch metrics
         row = 0
         mbs, n_real = self._micro_batches(batch)
+        real, padded = padded_tokens(mbs[:n_real])
+        self._carried = [self._carried[0] + real, self._carried[1] + padded]
         for i, mb in enumerate(mbs):
             self._begin_forward()
             fw = forward_response(self.module, mb.input_ids, mb.attention_mask, mb.response_mask,

@@ -1,17 +1,27 @@
-"""Rollout worker: runs the G episodes of one task (one GRPO group) against single-use envs.
+"""Rollout worker: plays groups (the G episodes of one task) against single-use envs, many at once.
 
-Each turn, the next prompt of every live episode is built from the env's messages (the last
-``history_length`` turns; older history is dropped first when the prompt would exceed
-``max_prompt_tokens``, the task itself never) and all of them go to the engine in ONE batched
-``generate`` call. Every assistant turn becomes a TurnRecord carrying exactly the sampled token ids,
-their log-probs under the distribution actually sampled, and the weights version that sampled
-them. New weights (``set_weights``) are applied between turns, so episodes in flight are never
-dropped; a group then records mixed versions and the buffer judges it by its oldest turn.
+The Ray actor is threaded: every ``run_group`` call the controller has admitted runs in a thread
+of its own, so a worker holds as many groups in flight as the staleness admission lets start.
+Within a group each episode advances on its own: its next prompt is built from the env's messages
+(the last ``history_length`` turns; older history is dropped first when the prompt would exceed
+``max_prompt_tokens``, the task itself never) and submitted to the worker's one ``TurnBatcher``
+the moment its env step returns; the batcher puts every pending turn of every group into one
+``generate`` call. Env ``reset``/``step`` run in a bounded pool (``rollout.env_workers`` threads
+for envs that declare themselves ``thread_safe``, one thread otherwise, e.g. ALFWorld's PDDL
+engine), off the generation path, each under ``rollout.env_timeout_s``: an env that raises or
+hangs ends its episode as failed (``Episode.error``, ``StopReason.ERROR``), the group stays
+complete and the worker goes on.
+
+Every assistant turn becomes a TurnRecord carrying exactly the sampled token ids, their log-probs
+under the distribution actually sampled, and the weights version that sampled them. New weights
+(``set_weights``) are loaded by the batcher between two ``generate`` calls, so episodes in flight
+are never dropped; a group then records mixed versions and the buffer judges it by its oldest turn.
 """
 from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from envs import make_env
 from envs.base import Observation, TextEnv
@@ -22,6 +32,9 @@ from pipeline.core.config import EnvConfig, RolloutConfig
 from pipeline.core.hardware import choose_precision, hardware_info, set_threads
 from pipeline.core.types import Episode, EpisodeGroup, StopReason, TurnRecord
 from pipeline.distributed.weight_sync import WeightPacket, verify
+
+from actors.engines.base import request_seed
+from actors.turn_batcher import Request, Sampling, TurnBatcher
 
 
 class PromptTooLong(ValueError):
@@ -46,10 +59,15 @@ class RolloutWorker:
         self.tokenizer = engine.tokenizer
         self.default_system = default_system_prompt(self.tokenizer)  # where a system placement goes
         self._pending: tuple[dict, int] | None = None
-        self._lock = threading.Lock()
-        # One group at a time: the engine and the envs' native libraries are not thread-safe.
-        # (The actor is threaded only so that set_weights lands while a group is being played.)
-        self._play_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _pending
+        # Only the batcher's thread touches the engine (it is not thread-safe).
+        self.batcher = TurnBatcher(engine, max_batch=cfg.max_batch, max_tokens=cfg.max_batch_tokens,
+                                   apply_weights=self.apply_pending_weights, wait_s=cfg.batch_wait_s)
+        from envs import env_class
+
+        # Envs whose native code is not thread-safe (ALFWorld's PDDL engine) step one at a time.
+        shared = getattr(env_class(env_cfg.name), "thread_safe", False)
+        self.env_pool = ThreadPoolExecutor(max_workers=cfg.env_workers if shared else 1, thread_name_prefix="env")
 
     @property
     def version(self) -> int:
@@ -75,8 +93,8 @@ class RolloutWorker:
         self.engine.load_state_dict(*pending)
         return True
 
-    # Collective route (pipeline/distributed/collective_sync.py). Neither call takes ``_play_lock``: they run
-    # in the actor's second thread while a group may be playing in the first, like set_weights.
+    # Collective route (pipeline/distributed/collective_sync.py). Like set_weights they run in an
+    # actor thread of their own while groups are being played, and only queue the weights.
     def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
                           meta, bucket_bytes: int, timeout_s: float | None = None) -> int:
         """Join the learner's weight group as ``rank``; ``meta`` = the learner's ``sync_meta()``."""
@@ -96,7 +114,7 @@ class RolloutWorker:
     def weights_checksums(self) -> tuple[int, dict[str, float]]:
         """(version, float64 sum of every engine tensor) after applying queued weights: what the
         next turn samples with (tests and debugging; needs an engine exposing ``.model``)."""
-        with self._play_lock:
+        with self.batcher.engine_lock:
             self.apply_pending_weights()
             sd = self.engine.model.state_dict()
             return self.engine.version, {k: float(v.double().sum()) for k, v in sd.items()}
@@ -104,11 +122,11 @@ class RolloutWorker:
     # ----- colocation -----------------------------------------------------------------------------
     def sleep(self) -> None:
         """Free the engine's GPU memory while a colocated learner trains (no-op for HF / CPU)."""
-        with self._play_lock:  # never under a group being played
+        with self.batcher.engine_lock:  # never under a generate
             getattr(self.engine, "sleep", lambda: None)()
 
     def wake_up(self) -> None:
-        with self._play_lock:
+        with self.batcher.engine_lock:
             getattr(self.engine, "wake_up", lambda: None)()
 
     # ----- prompts -------------------------------------------------------------------------------
@@ -149,64 +167,159 @@ class RolloutWorker:
     # ----- one group -----------------------------------------------------------------------------
     def run_group(self, *, task_seed: int, split: str, group_size: int, temperature: float,
                   sample_seed: int, max_turns: int | None = None, view: StudentView | None = None) -> EpisodeGroup:
-        """Play one group; ``view`` puts privileged context into the student's own prompts."""
-        with self._play_lock:
-            t0 = time.time()
-            self.apply_pending_weights()
-            envs = [make_env(self.env_cfg.name, self.env_cfg.options, split) for _ in range(group_size)]
-            try:
-                return self._play(envs, task_seed, temperature, sample_seed, max_turns, t0, view)
-            finally:
-                for env in envs:
-                    env.close()
+        """Play one group (blocking; groups run concurrently in the actor's threads); ``view``
+        puts privileged context into the student's own prompts."""
+        t0 = time.time()
+        envs: list[TextEnv | None] = [None] * group_size
+        try:
+            return _Group(self, envs, task_seed, split, temperature, sample_seed, max_turns, view, t0).play()
+        finally:
+            for env in envs:
+                if env is not None:
+                    self.env_pool.submit(env.close)
 
-    def _play(self, envs: list[TextEnv], task_seed: int, temperature: float, sample_seed: int,
-              max_turns: int | None, t0: float, view: StudentView | None = None) -> EpisodeGroup:
-        obs = [env.reset(task_seed) for env in envs]
-        episodes = [Episode(task_id=env.task_id or f"{env.name}-{task_seed}", env_name=env.name,
-                            seed=task_seed, task_type=env.task_type, task_text=env.task_text)
-                    for env in envs]
-        history: list[list[tuple[str, str]]] = [[] for _ in envs]
-        live = list(range(len(envs)))
-        limit = max_turns or envs[0].max_turns
-        n_tokens = 0
-        for turn in range(limit):
-            if not live:
-                break
-            if turn > 0:
-                self.apply_pending_weights()
-            prompts = [self.build_prompt(envs[i], history[i], obs[i], turn, view) for i in live]
-            gens = self.engine.generate([p[1] for p in prompts], max_new_tokens=self.cfg.max_new_tokens,
-                                        temperature=temperature, top_p=self.cfg.top_p,
-                                        seed=sample_seed * 1000 + turn)
-            version = self.engine.version
-            still = []
-            for i, (messages, ids, truncated, offered), gen in zip(live, prompts, gens):
-                for cid in offered:
-                    if cid not in episodes[i].context_ids:
-                        episodes[i].context_ids.append(cid)
-                text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-                res = envs[i].step(text)
-                n_tokens += len(gen.token_ids)
-                episodes[i].turns.append(TurnRecord(
-                    prompt_ids=ids, response_ids=list(gen.token_ids),
-                    behaviour_logprobs=list(gen.logprobs), policy_version=version, turn_index=turn,
-                    messages=messages, response_text=text, action=res.action,
-                    step_reward=res.reward, action_valid=res.action_valid, anchor_obs=obs[i].text,
-                    thinking_len=self.thinking_tokens(gen.token_ids, text), truncated_prompt=truncated))
-                episodes[i].reward += res.reward
-                history[i].append((obs[i].text, res.action if res.action_valid else text.strip()))
-                obs[i] = res.observation
-                if res.criteria:
-                    episodes[i].criteria = list(res.criteria)
-                if res.won:
-                    episodes[i].won = True
-                if res.done:
-                    episodes[i].stop_reason = StopReason.WON if res.won else StopReason.DONE
-                else:
-                    still.append(i)
-            live = still
-        return EpisodeGroup(task_id=episodes[0].task_id, seed=task_seed, episodes=episodes,
-                            worker_id=self.worker_id, rollout_seconds=time.time() - t0,
-                            n_generated_tokens=n_tokens)
+    def close(self) -> None:
+        self.batcher.close()
+        self.env_pool.shutdown(wait=False, cancel_futures=True)
 
+
+class _Group:
+    """One group in play: each episode alternates a generate request and an env step, on its own.
+
+    Its episodes ``join`` the batcher when play starts and ``leave`` it when they end (or the
+    group is abandoned), so that a generate call waits briefly for the ones in env calls."""
+
+    def __init__(self, worker: RolloutWorker, envs: list, task_seed: int, split: str, temperature: float,
+                 sample_seed: int, max_turns: int | None, view: StudentView | None, t0: float):
+        self.w, self.envs, self.task_seed, self.split = worker, envs, task_seed, split
+        self.sampling = Sampling(max_new_tokens=worker.cfg.max_new_tokens, temperature=temperature,
+                                 top_p=worker.cfg.top_p)
+        self.sample_seed, self.view, self.t0 = sample_seed, view, t0
+        self.limit = max_turns  # None: the env's own max_turns, known after the first reset
+        self.n_tokens = 0
+        self.live = 0  # episodes joined to the batcher and not yet left
+        n, name = len(envs), worker.env_cfg.name
+        self.episodes = [Episode(task_id=f"{name}-{task_seed}", env_name=name, seed=task_seed) for _ in range(n)]
+        self.obs: list = [None] * n
+        self.history: list[list[tuple[str, str]]] = [[] for _ in range(n)]
+        # future -> (kind, episode index, [start time once running], data)
+        self.pending: dict[Future, tuple[str, int, list, object]] = {}
+
+    # ----- the two kinds of work an episode waits on ---------------------------------------------
+    def _env_call(self, kind: str, i: int, fn, *args, data=None) -> None:
+        """Run ``fn`` in the env pool; its clock for ``rollout.env_timeout_s`` starts when it runs
+        (queueing behind other envs' calls does not count)."""
+        started: list[float] = []
+
+        def run():
+            started.append(time.time())
+            return fn(*args)
+
+        self.pending[self.w.env_pool.submit(run)] = (kind, i, started, data)
+
+    def _landed(self, i: int, *, ask: bool) -> None:
+        """An env call of episode i is over: it asks for its next turn, or it has ended."""
+        if ask:
+            self._ask(i)
+        else:
+            self.w.batcher.leave(1)
+            self.live -= 1
+
+    def _ask(self, i: int) -> None:
+        w, ep = self.w, self.episodes[i]
+        turn = len(ep.turns)
+        messages, ids, truncated, offered = w.build_prompt(self.envs[i], self.history[i], self.obs[i], turn, self.view)
+        for cid in offered:
+            if cid not in ep.context_ids:
+                ep.context_ids.append(cid)
+        req = Request(prompt=ids, sampling=self.sampling, seed=request_seed(self.sample_seed * 1000 + turn, i))
+        w.batcher.submit([req])
+        self.pending[req.future] = ("gen", i, [], (messages, ids, truncated))
+
+    def _fail(self, i: int, what: str, err: BaseException | str) -> None:
+        self.episodes[i].error = f"{what}: {err}"[:500]
+        self.episodes[i].stop_reason = StopReason.ERROR
+
+    # ----- the loop ------------------------------------------------------------------------------
+    def play(self) -> EpisodeGroup:
+        w = self.w
+        w.batcher.join(len(self.envs))
+        self.live = len(self.envs)
+        try:
+            for i in range(len(self.envs)):
+                self._env_call("reset", i, self._make_and_reset, i)
+            while self.pending:
+                done = self._wait()
+                for f in done:
+                    kind, i, _, data = self.pending.pop(f)
+                    {"reset": self._on_reset, "gen": self._on_generation, "step": self._on_step}[kind](i, f, data)
+        finally:
+            w.batcher.leave(self.live)  # nothing more will come from an abandoned group
+        return EpisodeGroup(task_id=self.episodes[0].task_id, seed=self.task_seed, episodes=self.episodes,
+                            worker_id=w.worker_id, rollout_seconds=time.time() - self.t0,
+                            n_generated_tokens=self.n_tokens)
+
+    def _wait(self) -> set[Future]:
+        """The next finished futures; env calls that ran out of time fail their episodes."""
+        timeout = self.w.cfg.env_timeout_s
+        env_calls = [(f, t) for f, (kind, _, t, _) in self.pending.items() if kind != "gen"]
+        running = [t[0] for _, t in env_calls if t]
+        until = min(running) + timeout - time.time() if running else None
+        if any(not t for _, t in env_calls):  # re-check soon: a queued call's clock starts when it runs
+            until = 1.0 if until is None else min(until, 1.0)
+        done, _ = wait(list(self.pending), timeout=None if until is None else max(until, 0.0),
+                       return_when=FIRST_COMPLETED)
+        now = time.time()
+        for f, t in env_calls:
+            if f not in done and t and now - t[0] >= timeout:  # a hung env: its episode ends as failed
+                kind, i, _, _ = self.pending.pop(f)
+                self._fail(i, f"env {kind}", f"no answer within rollout.env_timeout_s={timeout:g} s")
+                self._landed(i, ask=False)
+        return done
+
+    def _make_and_reset(self, i: int):
+        env = make_env(self.w.env_cfg.name, self.w.env_cfg.options, self.split)
+        self.envs[i] = env
+        return env, env.reset(self.task_seed)
+
+    def _on_reset(self, i: int, f: Future, _) -> None:
+        try:
+            env, self.obs[i] = f.result()
+        except Exception as e:  # noqa: BLE001 - a broken env fails its episode only
+            self._fail(i, "env reset", repr(e))
+            return self._landed(i, ask=False)
+        ep = self.episodes[i]
+        ep.task_id = env.task_id or ep.task_id
+        ep.task_type, ep.task_text = env.task_type, env.task_text
+        self.limit = self.limit or env.max_turns
+        self._landed(i, ask=True)
+
+    def _on_generation(self, i: int, f: Future, data) -> None:
+        gen, version = f.result()  # an engine failure ends the group: it is the worker's, not the episode's
+        text = self.w.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        self.n_tokens += gen.n_tokens
+        self._env_call("step", i, self.envs[i].step, text, data=(*data, gen, version, text))
+
+    def _on_step(self, i: int, f: Future, data) -> None:
+        messages, ids, truncated, gen, version, text = data
+        try:
+            res = f.result()
+        except Exception as e:  # noqa: BLE001
+            self._fail(i, "env step", repr(e))
+            return self._landed(i, ask=False)
+        ep, obs = self.episodes[i], self.obs[i]
+        turn = len(ep.turns)
+        ep.turns.append(TurnRecord(
+            prompt_ids=ids, response_ids=list(gen.token_ids), behaviour_logprobs=list(gen.logprobs),
+            policy_version=version, turn_index=turn, messages=messages, response_text=text,
+            action=res.action, step_reward=res.reward, action_valid=res.action_valid, anchor_obs=obs.text,
+            thinking_len=self.w.thinking_tokens(gen.token_ids, text), truncated_prompt=truncated))
+        ep.reward += res.reward
+        self.history[i].append((obs.text, res.action if res.action_valid else text.strip()))
+        self.obs[i] = res.observation
+        if res.criteria:
+            ep.criteria = list(res.criteria)
+        ep.won = ep.won or res.won
+        if res.done:
+            ep.stop_reason = StopReason.WON if res.won else StopReason.DONE
+        self._landed(i, ask=not res.done and turn + 1 < self.limit)

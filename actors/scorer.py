@@ -143,6 +143,7 @@ class TeacherScorer:
             "teacher/seconds": time.time() - t0,
             "teacher/rows_scored_frac": len(rows) / max(n_rows, 1),
             "teacher/prompt_tokens": sum(lengths) / max(len(lengths), 1),
+            "teacher/prompt_tokens_sum": float(sum(lengths)),
         }
         if rows and self.wants_weights:
             metrics["teacher/staleness"] = sum(version - r.policy_version for r in rows) / len(rows)

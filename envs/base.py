@@ -44,6 +44,9 @@ class TextEnv(abc.ABC):
     """Single-use text environment. Subclasses register themselves with ``@register_env``."""
 
     name: str = ""
+    # Whether instances may step in parallel threads (each its own state, no shared native code):
+    # such envs step in a pool of rollout.env_workers threads, the others one at a time.
+    thread_safe: bool = False
     max_turns: int = 50
     invalid_action_penalty: float = 0.1
     success_reward: float = 1.0  # episode reward = success_reward * won (+ env step rewards)

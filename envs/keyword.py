@@ -53,6 +53,7 @@ class KeywordOptions:
 
 @register_env("keyword")
 class KeywordEnv(TextEnv):
+    thread_safe = True  # pure Python, no shared state
     max_turns = 1
     invalid_action_penalty = 0.0  # the rubric already scores malformed replies
     success_reward = 1.0

@@ -40,6 +40,20 @@ class Generation:
         return len(self.token_ids)
 
 
+def request_seed(seed: int, index: int) -> int:
+    """A distinct, reproducible seed per request of one ``generate`` call (fits in int64)."""
+    return (seed * 1_000_003 + index) % (2**63 - 1)
+
+
+def request_seeds(n: int, seed: int | None, seeds: list[int] | None) -> list[int]:
+    """The per-request seeds of a call: ``seeds`` as given, or derived from ``seed``."""
+    if seeds is not None:
+        if len(seeds) != n:
+            raise ValueError(f"{len(seeds)} seeds for {n} prompts")
+        return [int(s) for s in seeds]
+    return [request_seed(seed, i) for i in range(n)]
+
+
 class GenerationEngine(abc.ABC):
     """A batched sampler over token ids with in-place weight updates."""
 
@@ -52,13 +66,16 @@ class GenerationEngine(abc.ABC):
         temperature: float,
         top_p: float = 1.0,
         seed: int | None = None,
+        seeds: list[int] | None = None,
     ) -> list[Generation]:
         """Sample one continuation per prompt, in prompt order.
 
         ``temperature == 0`` means greedy decoding; then ``logprobs`` are ``log_softmax`` of the
-        raw logits. The same ``seed`` with the same prompts, weights and settings gives the same
-        tokens (``seed=None`` draws from the process's global RNG). A prompt too long for the
-        model raises ``ValueError``; nothing is truncated.
+        raw logits. Each request is sampled with its own seed: ``seeds[i]``, or
+        ``request_seed(seed, i)``; a request's tokens then depend on its prompt, seed, weights and
+        settings, not on the other requests of the batch (up to the float rounding of different
+        batch shapes). ``seed=seeds=None`` draws from the process's global RNG. A prompt too long
+        for the model raises ``ValueError``; nothing is truncated.
         """
 
     @abc.abstractmethod

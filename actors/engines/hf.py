@@ -20,15 +20,14 @@ all ``max_new_tokens`` ids (``"length"``); the pad ids HF writes after a finishe
 """
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-from actors.engines.base import FinishReason, Generation, GenerationEngine
+from actors.engines.base import FinishReason, Generation, GenerationEngine, request_seeds
 from pipeline.core.chat_templates import stop_token_ids
 from pipeline.models import as_torch_dtype, load_model, load_tokenizer
 
@@ -59,6 +58,21 @@ class _SampledLogprobRecorder(LogitsProcessor):
         if n_gen == 0:
             return torch.zeros(generated.shape, dtype=torch.float32, device=generated.device)
         return torch.stack(self.steps[:n_gen], dim=1)
+
+
+class _RowSampler(LogitsProcessor):
+    """After the recorder: draws each row's token from its own generator (seeded per request, so a
+    row's sample does not depend on which other rows share its batch) and hands HF a one-hot
+    distribution on it, which HF's own sampling then cannot but pick."""
+
+    def __init__(self, seeds: list[int], device: torch.device) -> None:
+        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        probs = torch.softmax(scores.float(), dim=-1)
+        chosen = torch.stack([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, chosen, 0.0)
 
 
 class HFEngine(GenerationEngine):
@@ -148,18 +162,6 @@ class HFEngine(GenerationEngine):
                     f"{self._max_positions} positions; shorten the prompt or lower max_new_tokens"
                 )
 
-    @contextlib.contextmanager
-    def _seeded(self, seed: int | None) -> Iterator[None]:
-        """Seed sampling without disturbing the caller's global RNG state."""
-        if seed is None:
-            yield
-            return
-        device = self.device
-        devices = [device.index or 0] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            yield
-
     def generate(
         self,
         prompts: list[list[int]],
@@ -168,6 +170,7 @@ class HFEngine(GenerationEngine):
         temperature: float,
         top_p: float = 1.0,
         seed: int | None = None,
+        seeds: list[int] | None = None,
     ) -> list[Generation]:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
@@ -193,6 +196,8 @@ class HFEngine(GenerationEngine):
             processors.append(TopPLogitsWarper(top_p))
         recorder = _SampledLogprobRecorder()
         processors.append(recorder)
+        if do_sample and (seeds is not None or seed is not None):
+            processors.append(_RowSampler(request_seeds(len(prompts), seed, seeds), device))
         # HF's own warpers are neutralised (temperature 1, top_k 0, top_p 1): ours above replace them.
         sampling = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if do_sample else {}
         config = GenerationConfig(
@@ -204,7 +209,9 @@ class HFEngine(GenerationEngine):
             use_cache=True,
             **sampling,
         )
-        with self._seeded(seed), torch.no_grad():
+        # HF still draws (from a one-hot distribution) with the global RNG: leave the caller's alone.
+        devices = [device.index or 0] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
             sequences = self._model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 import torch
 
-from actors.engines.base import FinishReason, Generation, GenerationEngine
+from actors.engines.base import FinishReason, Generation, GenerationEngine, request_seed, request_seeds
 from pipeline.core.chat_templates import stop_token_ids
 from pipeline.models import load_tokenizer
 
@@ -38,11 +38,6 @@ __all__ = ["VLLMEngine", "cpu_bind", "request_seed"]
 
 _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
            "fp16": "float16", "float16": "float16"}
-
-
-def request_seed(seed: int, index: int) -> int:
-    """A distinct, reproducible seed per request of one ``generate`` call (fits in int64)."""
-    return (seed * 1_000_003 + index) % (2**63 - 1)
 
 
 def cpu_bind(parts: int) -> str:
@@ -163,7 +158,7 @@ class VLLMEngine(GenerationEngine):
                     "rollout.vllm.max_model_len")
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0, seed: int | None = None) -> list[Generation]:
+                 top_p: float = 1.0, seed: int | None = None, seeds: list[int] | None = None) -> list[Generation]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -175,9 +170,10 @@ class VLLMEngine(GenerationEngine):
         if not prompts:
             return []
         greedy = temperature == 0
+        per_request = None if seed is None and seeds is None else request_seeds(len(prompts), seed, seeds)
         params = [SamplingParams(
             n=1, max_tokens=max_new_tokens, temperature=temperature, top_p=1.0 if greedy else top_p,
-            seed=None if seed is None or greedy else request_seed(seed, i),
+            seed=None if (seed is None and seeds is None) or greedy else per_request[i],
             logprobs=0, stop_token_ids=self._eos_ids, ignore_eos=False, detokenize=False,
             skip_special_tokens=False) for i in range(len(prompts))]
         outs = self._llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,

@@ -143,6 +143,7 @@ class CodeEditOptions:
 
 @register_env("code_edit")
 class CodeEditEnv(TextEnv):
+    thread_safe = True  # its work is a sandboxed subprocess in its own temp repo
     max_turns = 8
     invalid_action_penalty = 0.05  # per malformed or refused tool call (the pipeline subtracts it)
     success_reward = 1.0  # added when every criterion passes

@@ -74,6 +74,14 @@ class RolloutConfig:
     val_temperatures: list[float] = field(default_factory=lambda: [0.4, 0.0])
     num_cpus: float = 1.0  # Ray CPUs per rollout actor
     num_gpus: float = 0.0  # Ray GPUs per rollout actor (vLLM: tensor_parallel_size; < 1 when colocated)
+    # One generate call takes every pending turn of every group in flight, up to these:
+    max_batch: int = 64  # sequences per generate call, >= 1
+    max_batch_tokens: int = 65536  # padded tokens (sequences x (longest prompt + max_new_tokens)) per call
+    # ...after waiting up to this long for the turns of episodes whose env call is under way
+    # (so that groups in lockstep share calls instead of alternating), >= 0
+    batch_wait_s: float = 1.0
+    env_workers: int = 4  # threads stepping thread-safe envs (others: one thread), >= 1
+    env_timeout_s: float = 300.0  # an env reset / step slower than this fails its episode, > 0
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
@@ -215,6 +223,13 @@ def validate(cfg: PrivyConfig) -> None:
     _require(r.group_size * t.groups_per_step >= lr.mini_batches * lr.num_learners,
              "every learner rank needs rows in every mini-batch: raise rollout.group_size or "
              "trainer.groups_per_step, or lower learner.mini_batches / learner.num_learners")
+    _require(r.max_batch >= 1, "rollout.max_batch must be >= 1")
+    _require(r.max_batch_tokens >= r.max_prompt_tokens + r.max_new_tokens,
+             f"rollout.max_batch_tokens={r.max_batch_tokens} must fit one sequence: >= rollout.max_prompt_tokens + "
+             f"rollout.max_new_tokens = {r.max_prompt_tokens + r.max_new_tokens}")
+    _require(r.batch_wait_s >= 0, "rollout.batch_wait_s must be >= 0")
+    _require(r.env_workers >= 1, "rollout.env_workers must be >= 1")
+    _require(r.env_timeout_s > 0, "rollout.env_timeout_s must be > 0")
     _require(lr.clip_low > 0 and lr.clip_high > 0, "learner.clip_low/clip_high must be > 0")
     _require(lr.dual_clip > 1, "learner.dual_clip must be > 1 (verl's c = 3.0)")
     _require(lr.correction in ("decoupled", "tis", "none"), "learner.correction: decoupled | tis | none")

@@ -39,6 +39,31 @@ def split_by_tokens(batch: TrainBatch, budget: int) -> list[TrainBatch]:
     return [slice_rows(batch, a, b) for a, b in spans]
 
 
+def sort_by_length(batch: TrainBatch) -> TrainBatch:
+    """The batch's rows longest first (stable), so that token-budget micro-batches hold rows of
+    similar length and carry little padding. The loss and every metric are sums over rows, so the
+    row order changes nothing but the padding (``padded_tokens`` measures it)."""
+    lengths = row_lengths(batch.attention_mask)
+    if batch.teacher_attention_mask is not None:  # a micro-batch is as wide as its widest forward
+        lengths = [max(n, nt) for n, nt in zip(lengths, row_lengths(batch.teacher_attention_mask))]
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    if order == list(range(len(lengths))):
+        return batch
+    idx = torch.tensor(order, device=batch.input_ids.device)
+    kw = {name: getattr(batch, name).index_select(0, idx) for name in _ALIGNED}
+    kw["aux"] = {k: v.index_select(0, idx) for k, v in batch.aux.items()}
+    if batch.teacher_input_ids is not None:
+        kw.update({name: getattr(batch, name).index_select(0, idx) for name in _TEACHER})
+    kw["versions"] = [batch.versions[i] for i in order]
+    return replace(batch, **kw)
+
+
+def padded_tokens(mbs: list[TrainBatch]) -> tuple[int, int]:
+    """(attended tokens, rows x width summed over micro-batches): what the forward passes carry."""
+    real = sum(int(mb.attention_mask.sum()) for mb in mbs)
+    return real, sum(mb.input_ids.shape[0] * mb.input_ids.shape[1] for mb in mbs)
+
+
 def slice_rows(batch: TrainBatch, a: int, b: int, *, copy: bool = False) -> TrainBatch:
     """Rows [a, b) of the batch, trimmed to their longest row. Views share the batch's storage;
     ``copy=True`` gives compact tensors of their own (a view pickles its whole storage, so a

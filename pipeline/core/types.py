@@ -23,6 +23,7 @@ class StopReason(StrEnum):
     WON = "won"
     DONE = "done"  # the env ended it without a win (e.g. WebShop buy, Search-R1 answer)
     MAX_TURNS = "max_turns"
+    ERROR = "error"  # the env raised or hung (Episode.error says which and why)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -91,6 +92,7 @@ class Episode:
     criteria: list[CriterionResult] = field(default_factory=list)
     task_text: str = ""
     context_ids: list[str] = field(default_factory=list)  # privileged context offered (skill ids): UCB
+    error: str = ""  # why the episode was cut short by its env (reset or step raised, or timed out)
 
     @property
     def n_turns(self) -> int:
@@ -110,6 +112,8 @@ class EpisodeGroup:
     worker_id: int = 0
     rollout_seconds: float = 0.0
     n_generated_tokens: int = 0
+    teacher_seconds: float = 0.0  # the scorer's time on this group
+    teacher_prompt_tokens: int = 0  # tokens of its privileged prompts (all scored rows)
 
     @property
     def min_version(self) -> int:

@@ -1,9 +1,13 @@
 """The asynchronous controller: a few named loops around one bounded buffer.
 
-* ``_rollout_loop`` (one per rollout worker): wait for admission (the staleness bound, see
-  ``pipeline/orchestration/buffer.py``), play one group, put it in the buffer.
-* ``_train_loop``: take ``groups_per_step`` groups, score them with the teacher if the method
-  wants one, assign credit, train, publish the new weights, then validate / checkpoint when due.
+* ``_rollout_loop``: wait for admission (the staleness bound, see
+  ``pipeline/orchestration/buffer.py``), play one group, have the teacher score it if a step it
+  may train in wants a teacher (so scoring overlaps the learner instead of preceding it), put it
+  in the buffer. There are as many loops as groups the admission lets be in flight,
+  ``(max_policy_lag + 1) * groups_per_step``, spread over the workers: a worker plays several
+  groups at once and batches their turns together (``actors/rollout.py``).
+* ``_train_loop``: take ``groups_per_step`` groups, score the ones that still need it, assign
+  credit, train, publish the new weights, then validate / checkpoint when due.
 
 Stopping (Ctrl-C, ``request_stop``): the train loop finishes the step it is in (the rollout loops
 keep playing the groups it waits for), checkpoints and returns; a second request aborts at once
@@ -48,8 +52,7 @@ class ControllerState:
     step: int = 0  # completed training steps = weights version
     next_task: int = 0  # index of the next training task to start
     in_flight: list[int] = field(default_factory=list)  # task indices started, not yet buffered
-    rollout_busy_s: float = 0.0
-    rollout_wait_s: float = 0.0
+    rollout_busy_s: float = 0.0  # wall time with at least one group in play
 
 
 class Controller:
@@ -72,6 +75,7 @@ class Controller:
         self.state.in_flight = []
         self._stop = asyncio.Event()
         self._trainer: asyncio.Task | None = None
+        self._n_playing, self._busy_mark = 0, time.time()
         self.aborted = False
         self.history: list[dict[str, float]] = []
         # Colocated vLLM engines free their GPU memory while the learner trains (lag 0 only:
@@ -94,8 +98,11 @@ class Controller:
 
     # ----- loops ---------------------------------------------------------------------------------
     async def run(self) -> list[dict[str, float]]:
-        rollouts = [asyncio.create_task(self._rollout_loop(i, w)) for i, w in enumerate(self.workers)]
-        self._trainer = trainer = asyncio.create_task(self._train_loop())
+        t = self.cfg.trainer
+        n_loops = (t.max_policy_lag + 1) * t.groups_per_step
+        rollouts = [asyncio.create_task(self._rollout_loop(self.workers[i % len(self.workers)]), name=f"rollout{i}")
+                    for i in range(n_loops)]
+        self._trainer = trainer = asyncio.create_task(self._train_loop(), name="train")
         try:
             done, _ = await asyncio.wait([trainer, *rollouts], return_when=asyncio.FIRST_COMPLETED)
             for task in done:  # a rollout loop only ends by raising; the trainer when done or stopped
@@ -116,26 +123,47 @@ class Controller:
         self.state.next_task += 1
         return idx
 
-    async def _rollout_loop(self, worker_id: int, worker) -> None:
+    async def _rollout_loop(self, worker) -> None:
         cfg, st = self.cfg, self.state
         while True:  # cancelled by run() once the train loop has ended
-            t0 = time.time()
             ticket = await self.buffer.acquire_start()
-            t1 = time.time()
             idx = self._next_task_index()
             st.in_flight.append(idx)
+            self._playing(+1)
             try:
                 group = await worker.run_group(
                     task_seed=task_seed(cfg.trainer.seed, idx), split=cfg.env.train_split,
                     group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature,
                     sample_seed=cfg.trainer.seed * 7919 + idx, view=self.method.student_view())
+                if self._teacher_wanted(ticket.deadline):
+                    group = await self._score(group)
             except BaseException:
                 await self.buffer.release_start(ticket)
                 raise
+            finally:
+                self._playing(-1)
             st.in_flight.remove(idx)
-            st.rollout_wait_s += t1 - t0
-            st.rollout_busy_s += time.time() - t1
             await self.buffer.put(ticket, group)
+
+    def _playing(self, delta: int) -> None:
+        """Count groups in play; the wall time with at least one is the rollout side's busy time."""
+        now = time.time()
+        if self._n_playing > 0:
+            self.state.rollout_busy_s += now - self._busy_mark
+        self._n_playing += delta
+        self._busy_mark = now
+
+    def _teacher_wanted(self, deadline: int) -> bool:
+        """Whether any training step that may use a group due by ``deadline`` wants a teacher."""
+        return self.scorer is not None and any(self.method.teacher_active(s)
+                                               for s in range(self.state.step, deadline + 1))
+
+    async def _score(self, group: EpisodeGroup) -> EpisodeGroup:
+        t0 = time.time()
+        [group], m = await self.scorer.score([group], self.state.step)
+        group.teacher_seconds += time.time() - t0
+        group.teacher_prompt_tokens += m["teacher/prompt_tokens_sum"]
+        return group
 
     async def _train_loop(self) -> None:
         t = self.cfg.trainer
@@ -161,15 +189,18 @@ class Controller:
         cfg, st = self.cfg, self.state
         step = st.step
         t0 = time.time()
-        busy0, wait0 = st.rollout_busy_s, st.rollout_wait_s
+        busy0 = st.rollout_busy_s
         groups = await self.buffer.take(cfg.trainer.groups_per_step, learner_version=step)
         t1 = time.time()
         metrics: dict[str, float] = {}
         if self.method.teacher_active(step):
             if self.scorer is None:
                 raise RuntimeError(f"method={self.method.name} needs a teacher scorer")
-            groups, m = await self.scorer.score(groups, step)
-            metrics.update(m)
+            # Normally scored as they completed; a group that was not (the teacher's schedule
+            # turned on after it finished) is scored now, and the learner waits for it.
+            groups = [g if all(r.teacher_logprobs is not None or not self.scorer.spec.selects(e, r)
+                               for e in g.episodes for r in e.turns) else await self._score(g) for g in groups]
+            metrics.update(teacher_metrics(groups, self.scorer.wants_weights))
         t2 = time.time()
         self.method.observe(groups)  # e.g. the skills offered to these episodes and their rewards (UCB)
         credit = self.method.credit(groups, step)
@@ -201,18 +232,20 @@ class Controller:
         metrics.update(sync_m)
         metrics.update(rollout_metrics(groups, self.method.invalid_action_penalty))
         metrics.update(self.buffer.stats.as_metrics())
-        step_s = t5 - t0
-        busy = st.rollout_busy_s - busy0
-        wait = st.rollout_wait_s - wait0
+        self._playing(0)  # bring the busy time up to now
+        step_s, busy = t5 - t0, st.rollout_busy_s - busy0
         gen_tokens = sum(g.n_generated_tokens for g in groups)
         gen_seconds = sum(g.rollout_seconds for g in groups)
         metrics.update({
-            "time/step_s": step_s, "time/wait_rollout_s": t1 - t0, "time/score_s": t2 - t1,
+            "time/step_s": step_s, "time/wait_rollout_s": t1 - t0, "time/wait_teacher_s": t2 - t1,
             "time/credit_s": t3 - t2, "time/train_s": t4 - t3, "time/sync_s": t5 - t4,
-            "time/learner_idle_frac": (t1 - t0) / max(step_s, 1e-9),
-            "time/rollout_idle_frac": wait / max(busy + wait, 1e-9) if busy + wait > 0 else 0.0,
-            "rollout/tokens_per_s": gen_tokens / max(gen_seconds, 1e-9),
+            "time/learner_idle_frac": (t1 - t0 + t2 - t1) / max(step_s, 1e-9),
+            "time/rollout_idle_frac": max(0.0, 1.0 - busy / max(step_s, 1e-9)),
+            # tokens of the groups trained this step over the wall time the rollout side was busy
+            # (groups in flight overlap: summing their own seconds would count the same second twice)
+            "rollout/tokens_per_s": gen_tokens / max(busy, 1e-9),
             "rollout/group_seconds": gen_seconds / max(len(groups), 1),
+            "sync/step_fraction": (t5 - t4) / max(step_s, 1e-9),
             "rollout/policy_lag_max": step - min(g.min_version for g in groups),
         })
         return metrics
@@ -262,6 +295,18 @@ class Controller:
         return list(await asyncio.gather(*[one(i, v) for i, v in enumerate(views)]))
 
 
+def teacher_metrics(groups: list[EpisodeGroup], self_teacher: bool) -> dict[str, float]:
+    """The scorer's work on the step's groups (done while they completed, off the learner's path)."""
+    rows = [r for g in groups for r in g.rows()]
+    scored = [r for r in rows if r.teacher_logprobs is not None]
+    out = {"teacher/seconds": sum(g.teacher_seconds for g in groups),
+           "teacher/rows_scored_frac": len(scored) / max(len(rows), 1),
+           "teacher/prompt_tokens": sum(g.teacher_prompt_tokens for g in groups) / max(len(scored), 1)}
+    if scored and self_teacher:
+        out["teacher/staleness"] = sum(r.teacher_version - r.policy_version for r in scored) / len(scored)
+    return out
+
+
 def rollout_metrics(groups: list[EpisodeGroup], invalid_penalty: float) -> dict[str, float]:
     """Reward, success (overall and per task type), valid-action rate, turns, response length."""
     eps = [e for g in groups for e in g.episodes]
@@ -276,6 +321,7 @@ def rollout_metrics(groups: list[EpisodeGroup], invalid_penalty: float) -> dict[
         "rollout/prompt_truncated_frac": sum(t.truncated_prompt for t in rows) / n_rows,
         "rollout/row_score": sum(_row_score(e.reward, t.action_valid, invalid_penalty)
                                  for e in eps for t in e.turns) / n_rows,
+        "rollout/env_errors": float(sum(bool(e.error) for e in eps)),
     }
     by_type: dict[str, list[bool]] = defaultdict(list)
     for e in eps:

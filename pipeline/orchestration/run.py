@@ -68,6 +68,16 @@ def actor_threads(cfg: PrivyConfig) -> int:
     return max(1, cores // (cfg.rollout.num_workers + cfg.learner.num_learners))
 
 
+def rollout_concurrency(cfg: PrivyConfig) -> int:
+    """Actor threads per rollout worker: one per group it may have in flight (its training loops
+    and, at lag > 0 at the same time, its validation tasks), plus a few so that weight calls never
+    queue behind groups."""
+    w = cfg.rollout.num_workers
+    train = -(-(cfg.trainer.max_policy_lag + 1) * cfg.trainer.groups_per_step // w)
+    val = -(-cfg.trainer.val_tasks // w)
+    return train + val + 4
+
+
 def check_model(cfg: PrivyConfig, model_path: str):
     """Before Ray starts: the tokenizer loads and has a chat template (its own or
     ``model.chat_template``). Returns the tokenizer."""
@@ -146,7 +156,7 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
         seed=cfg.trainer.seed, threads=n_threads)
         for r in range(cfg.learner.num_learners)]
     tok = load_tokenizer(model_path, cfg.model.chat_template)
-    rollout_cls = ray.remote(max_concurrency=2)(RolloutWorker)
+    rollout_cls = ray.remote(max_concurrency=rollout_concurrency(cfg))(RolloutWorker)
     workers = [RayRollout(rollout_cls.options(**placement.rollout(i), runtime_env=threads).remote(
         cfg.rollout, cfg.env, model_path, worker_id=i, threads=n_threads, chat_template=cfg.model.chat_template))
         for i in range(cfg.rollout.num_workers)]

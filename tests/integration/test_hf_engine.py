@@ -190,3 +190,14 @@ def test_smollm2_engine_logprobs_match_forward_response(smollm2_model_dir):
     assert _max_gap(engine, prompts, gens, 0.7) < PARITY_ATOL_FP32
     greedy = engine.generate(prompts[:1], max_new_tokens=8, temperature=0.0)
     assert "Paris" in tok.decode(greedy[0].token_ids)
+
+
+def test_a_requests_sample_does_not_depend_on_the_other_requests_of_its_batch(engine, chat_prompts):
+    alone = engine.generate(chat_prompts[:1], max_new_tokens=12, temperature=1.0, seeds=[41])
+    batched = engine.generate([*chat_prompts, chat_prompts[0]], max_new_tokens=12, temperature=1.0,
+                              seeds=[41, *range(100, 100 + len(chat_prompts))])
+    assert batched[0].token_ids == alone[0].token_ids
+    second = engine.generate(chat_prompts[1:2], max_new_tokens=12, temperature=1.0, seeds=[101])
+    assert batched[2].token_ids == second[0].token_ids  # the same prompt and seed, another batch
+    with pytest.raises(ValueError, match="seeds for"):
+        engine.generate(chat_prompts, max_new_tokens=2, temperature=1.0, seeds=[1])

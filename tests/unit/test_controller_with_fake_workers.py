@@ -193,3 +193,70 @@ def test_fake_colocated_vllm_engines_sleep_exactly_while_the_learner_trains():
     workers = [SleepyWorker(0.01)]
     run(cfg, workers, FakeLearner(0.01))
     assert events == []
+
+
+class FakeScorer:
+    """Stands in for the teacher scorer actor: records which loop asked it to score which group."""
+
+    class spec:  # noqa: N801 - the attribute surface of TeacherSpec the controller reads
+        source = "self"
+
+        @staticmethod
+        def selects(episode, row):
+            return True
+
+    wants_weights = True
+
+    def __init__(self, delay: float):
+        self.delay, self.version, self.calls = delay, 0, []
+
+    async def score(self, groups, step):
+        self.calls.append((asyncio.current_task().get_name(), groups[0].seed))
+        await asyncio.sleep(self.delay)
+        for g in groups:
+            for r in g.rows():
+                r.teacher_logprobs, r.teacher_version = [-1.0] * len(r.response_ids), self.version
+        return groups, {"teacher/prompt_tokens_sum": 10.0}
+
+    async def set_weights(self, packet):
+        self.version = packet
+
+
+def test_fake_groups_are_scored_as_they_complete_so_the_learner_never_waits_on_the_teacher():
+    """A self-teacher method at lag 1: every group is scored by its rollout loop before it enters
+    the buffer, never by the train loop, and each row's teacher is no older than its behaviour
+    policy and no newer than the step that trains it."""
+    import pipeline.orchestration.controller as controller_module
+
+    scorer = FakeScorer(0.03)
+
+    class Learner(FakeLearner):
+        async def publish(self, version, workers, scorer_=None):
+            await asyncio.gather(*[w.set_weights(version) for w in [*workers, scorer]])
+            return {}
+
+    trained: list[list] = []
+    real = controller_module.rows_of
+
+    def spy(groups):
+        step = len(trained)
+        trained.append(groups)
+        for r in (r for g in groups for r in g.rows()):
+            assert r.policy_version <= r.teacher_version <= step
+        return real(groups)
+
+    method = build_method({"name": "sdar"}, invalid_action_penalty=0.1, env_name="keyword")
+    controller_module.rows_of = spy
+    try:
+        ctl = Controller(make_cfg(lag=1, steps=5), learner=Learner(0.03), workers=[FakeWorker(0.03)],
+                         method=method, logger=MetricsLogger([]), scorer=scorer)
+        history = asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
+    finally:
+        controller_module.rows_of = real
+    assert len(history) == 5 and len(trained) == 5
+    loops = {name for name, _ in scorer.calls}
+    assert loops and all(name.startswith("rollout") for name in loops), loops
+    scored = [seed for _, seed in scorer.calls]
+    assert len(scored) == len(set(scored))  # each group once
+    assert {g.seed for step in trained for g in step} <= set(scored)
+    assert all(h["teacher/rows_scored_frac"] == 1.0 for h in history)

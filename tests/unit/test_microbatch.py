@@ -46,3 +46,23 @@ def test_micro_batches_fit_the_token_budget_and_trim_their_padding():
     mbs = split_by_tokens(batch, budget=20)
     assert [m.n_rows for m in mbs] == [2, 4]
     assert [m.input_ids.shape[1] for m in mbs] == [10, 3]
+
+
+def test_sorting_rows_by_length_cuts_padding_and_keeps_every_row_whole():
+    from pipeline.core.microbatch import padded_tokens, row_lengths, sort_by_length
+
+    lengths = [3, 12, 4, 11, 5, 12, 3]
+    b = batch_of(lengths)
+    b.advantages = torch.arange(len(lengths), dtype=torch.float).unsqueeze(1).expand_as(b.advantages).clone()
+    s = sort_by_length(b)
+    assert row_lengths(s.attention_mask) == sorted(lengths, reverse=True)
+    assert s.versions == [1, 5, 3, 4, 2, 0, 6]  # stable: equal lengths keep their order
+    for j, v in enumerate(s.versions):  # each row moved whole, every field with it
+        for name in ("input_ids", "attention_mask", "response_mask", "behaviour_logprobs", "advantages"):
+            assert torch.equal(getattr(s, name)[j], getattr(b, name)[v])
+        assert torch.equal(s.aux["teacher_logprobs"][j], b.aux["teacher_logprobs"][v])
+    before = padded_tokens(split_by_tokens(b, 24))
+    after = padded_tokens(split_by_tokens(s, 24))
+    assert before[0] == after[0] == sum(lengths)
+    assert after[1] < before[1]
+    assert sort_by_length(s) is s  # sorted already: nothing copied
