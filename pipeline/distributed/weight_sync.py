@@ -9,6 +9,7 @@ silently trained or sampled on.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,25 @@ class WeightPacket:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.state_dict.values())
+
+    # Through Ray's object store the tensors travel as raw-byte numpy arrays: pickle protocol 5
+    # hands those to Ray as out-of-band buffers, written once into shared memory and mapped
+    # zero-copy by every reader. Pickling the tensors themselves copies each one into the pickle
+    # stream and out again (0.32 s + 0.20 s of a 1.1 s sync for SmolLM2-135M in bf16).
+    def __getstate__(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items() if k != "state_dict"}
+        state["tensors"] = {k: (str(t.dtype).removeprefix("torch."), tuple(t.shape),
+                                t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+                            for k, t in self.state_dict.items()}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        tensors = state.pop("tensors")
+        self.__dict__.update(state)
+        with warnings.catch_warnings():  # the shared-memory buffer is read-only; readers only copy from it
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            self.state_dict = {k: torch.from_numpy(raw).view(getattr(torch, dtype)).reshape(shape)
+                               for k, (dtype, shape, raw) in tensors.items()}
 
 
 def _checksum(sd: dict[str, torch.Tensor]) -> float:
