@@ -117,7 +117,7 @@ EOF
 
 if [[ -n "$RUNS_DIR" ]]; then
   OVERRIDES=("hydra.run.dir=$RUNS_DIR/\${now:%Y-%m-%d}/\${now:%H-%M-%S}_\${method.name}_\${env.name}"
-             "hydra.sweep.dir=$RUNS_DIR/multirun/\${now:%Y-%m-%d}/\${now:%H-%M-%S}"
+             "hydra.sweep.dir=$RUNS_DIR/multirun/\${sweep.name}"
              "${OVERRIDES[@]+"${OVERRIDES[@]}"}")
 fi
 

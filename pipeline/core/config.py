@@ -163,6 +163,18 @@ class LoggerConfig:
 
 
 @dataclass
+class SweepConfig:
+    """A Hydra multirun (``-m``): where it goes and what its summary ranks (pipeline/tools/sweep.py)."""
+
+    # The sweep's directory is multirun/<name>; rerunning a command with the same name skips the
+    # points that finished and resumes those with a checkpoint. The default is a fresh timestamp.
+    name: str = "${now:%Y-%m-%d}/${now:%H-%M-%S}"
+    metric: str = "val/success"  # the primary metric (its final value) of the summary and its plot
+    goal: str = "max"  # max | min: which end of the metric is best
+    aggregate: list[str] = field(default_factory=lambda: ["trainer.seed"])  # swept keys averaged over
+
+
+@dataclass
 class PrivyConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -174,6 +186,7 @@ class PrivyConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     method: dict[str, Any] = field(default_factory=lambda: {"name": "grpo"})
     experiment: str = ""  # free label of the recipe that set this config
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 def register_schema() -> None:
@@ -210,6 +223,13 @@ def validate(cfg: PrivyConfig) -> None:
         _require(ct in TEMPLATES or Path(ct).expanduser().is_file(),
                  f"model.chat_template={ct!r}: name one of {', '.join(sorted(TEMPLATES))} or an existing Jinja file")
     _require(all(v >= 0 for v in r.val_temperatures), "rollout.val_temperatures must be >= 0")
+    _require(r.max_batch >= 1, "rollout.max_batch must be >= 1")
+    _require(r.max_batch_tokens >= r.max_prompt_tokens + r.max_new_tokens,
+             f"rollout.max_batch_tokens={r.max_batch_tokens} must fit one sequence: >= rollout.max_prompt_tokens + "
+             f"rollout.max_new_tokens = {r.max_prompt_tokens + r.max_new_tokens}")
+    _require(r.batch_wait_s >= 0, "rollout.batch_wait_s must be >= 0")
+    _require(r.env_workers >= 1, "rollout.env_workers must be >= 1")
+    _require(r.env_timeout_s > 0, "rollout.env_timeout_s must be > 0")
     _require(lr.num_learners >= 1, "learner.num_learners must be >= 1")
     _require(lr.zero_stage in (0, 1, 2, 3), f"learner.zero_stage={lr.zero_stage}: use 0, 1, 2 or 3")
     _require(lr.lr > 0, "learner.lr must be > 0")
@@ -223,13 +243,6 @@ def validate(cfg: PrivyConfig) -> None:
     _require(r.group_size * t.groups_per_step >= lr.mini_batches * lr.num_learners,
              "every learner rank needs rows in every mini-batch: raise rollout.group_size or "
              "trainer.groups_per_step, or lower learner.mini_batches / learner.num_learners")
-    _require(r.max_batch >= 1, "rollout.max_batch must be >= 1")
-    _require(r.max_batch_tokens >= r.max_prompt_tokens + r.max_new_tokens,
-             f"rollout.max_batch_tokens={r.max_batch_tokens} must fit one sequence: >= rollout.max_prompt_tokens + "
-             f"rollout.max_new_tokens = {r.max_prompt_tokens + r.max_new_tokens}")
-    _require(r.batch_wait_s >= 0, "rollout.batch_wait_s must be >= 0")
-    _require(r.env_workers >= 1, "rollout.env_workers must be >= 1")
-    _require(r.env_timeout_s > 0, "rollout.env_timeout_s must be > 0")
     _require(lr.clip_low > 0 and lr.clip_high > 0, "learner.clip_low/clip_high must be > 0")
     _require(lr.dual_clip > 1, "learner.dual_clip must be > 1 (verl's c = 3.0)")
     _require(lr.correction in ("decoupled", "tis", "none"), "learner.correction: decoupled | tis | none")
@@ -277,6 +290,16 @@ def validate(cfg: PrivyConfig) -> None:
              "logger.wandb_mode: offline | online | disabled")
     _require(isinstance(cfg.method, dict) and "name" in cfg.method,
              "method must name a method: method=grpo (see conf/method/)")
+    validate_sweep(cfg.sweep)
+
+
+def validate_sweep(s: SweepConfig) -> None:
+    """The ``sweep`` section alone: a multirun checks it before its first point."""
+    _require(bool(s.name) and not Path(s.name).is_absolute(),
+             f"sweep.name={s.name!r}: a relative name under multirun/ (for any other place set hydra.sweep.dir)")
+    _require(bool(s.metric), "sweep.metric must name a logged metric, e.g. val/success")
+    _require(s.goal in ("max", "min"), f"sweep.goal={s.goal!r}: max | min")
+    _require(all(s.aggregate), "sweep.aggregate: a list of config keys, e.g. [trainer.seed]")
 
 
 def to_config(dict_cfg: Any) -> PrivyConfig:
@@ -300,6 +323,6 @@ def to_config(dict_cfg: Any) -> PrivyConfig:
 
 __all__ = [
     "ClusterConfig", "ConfigError", "EnvConfig", "LearnerConfig", "LoggerConfig", "ModelConfig",
-    "PrivyConfig", "RolloutConfig", "ScorerConfig", "TrainerConfig", "VLLMConfig", "MISSING", "register_schema", "to_config",
-    "validate",
+    "PrivyConfig", "RolloutConfig", "ScorerConfig", "SweepConfig", "TrainerConfig", "VLLMConfig", "MISSING", "register_schema", "to_config",
+    "validate", "validate_sweep",
 ]

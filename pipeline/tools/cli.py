@@ -2,7 +2,9 @@
 
 ``python scripts/train.py [overrides]`` (or ``privy-train``) trains; ``-m`` sweeps. A bad config,
 a missing model or an env failure ends with one line on stderr and a non-zero exit, not a stack of
-Ray tracebacks (set PRIVY_DEBUG=1 for the full traceback).
+Ray tracebacks (set PRIVY_DEBUG=1 for the full traceback). In a sweep that line goes into the
+point's record instead and the sweep goes on; a point that finished in an earlier run of the same
+sweep is skipped, one with a checkpoint resumed (pipeline/tools/sweep.py).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import sys
 
 from pipeline.core.config import CONF_DIR as _CONF
+from pipeline.tools.sweep import PointRecord  # and registers ${privy_point_dir:...} (hydra.sweep.subdir)
 
 CONF_DIR = str(_CONF)
 
@@ -27,39 +30,63 @@ def compose(overrides: list[str] | None = None):
     return to_config(dcfg)
 
 
-def _fail(kind: str, err: BaseException) -> None:
+def _fail(kind: str, err: BaseException, point=None) -> None:
     if os.environ.get("PRIVY_DEBUG"):
         raise err
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     print(f"privy-rl: {kind}: {first}", file=sys.stderr)
+    if point is not None:  # the sweep goes on to its next point; its summary shows this error
+        point.end("failed", f"{kind}: {first}")
+        return
     sys.exit(2 if kind == "config error" else 1)
+
+
+def _stop(point, sweep_dir: str) -> None:
+    """Ctrl-C ends a sweep too; rerunning it into the same dir resumes this point."""
+    if point is not None:
+        point.end("stopped")
+        print(f"privy-rl: to continue the sweep, rerun it with hydra.sweep.dir={sweep_dir}", file=sys.stderr)
+    sys.exit(130)
 
 
 def train_from_hydra(dcfg) -> None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from pipeline.core.config import ConfigError, to_config
     from pipeline.orchestration.controller import Aborted
     from pipeline.orchestration.run import RunStopped, run_training
 
+    hc = HydraConfig.get()
+    point = PointRecord(hc.runtime.output_dir) if hc.mode == RunMode.MULTIRUN else None
+    if point is not None:
+        if point.finished():
+            print(f"privy-rl: sweep point {point.dir.name} finished in an earlier run: skipped", file=sys.stderr)
+            return
+        point.start()
     try:
         cfg = to_config(dcfg)
-        run_dir = cfg.trainer.run_dir or HydraConfig.get().runtime.output_dir
+        run_dir = cfg.trainer.run_dir or hc.runtime.output_dir
+        if point is not None and cfg.trainer.resume is None and point.resumable():
+            cfg.trainer.resume = str(point.dir)
+            print(f"privy-rl: sweep point {point.dir.name}: resuming from its checkpoint", file=sys.stderr)
         history = run_training(cfg, run_dir)
     except ConfigError as e:
-        _fail("config error", e)
+        _fail("config error", e, point)
     except FileNotFoundError as e:
-        _fail("missing file", e)
+        _fail("missing file", e, point)
     except RunStopped as e:
         print(f"privy-rl: {e}", file=sys.stderr)
-        sys.exit(130)
+        _stop(point, hc.sweep.dir)
     except (Aborted, KeyboardInterrupt) as e:
         print(f"privy-rl: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
-        sys.exit(130)
+        _stop(point, hc.sweep.dir)
     except Exception as e:  # Ray wraps actor errors; show the root cause in one line
         cause = getattr(e, "cause", None) or e
-        _fail(type(cause).__name__, cause)
+        _fail(type(cause).__name__, cause, point)
     else:
+        if point is not None:
+            point.end("done")
         from pipeline.tools.plotting import try_plot
 
         try_plot(run_dir)

@@ -9,6 +9,7 @@ The test stops only the process tree it started.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -37,17 +38,18 @@ def test_joblib_sweep_runs_its_points_at_once_on_the_shared_cluster(ray_head_add
             "trainer.ckpt_every=0", "rollout.max_new_tokens=8", "rollout.group_size=2",
             "trainer.groups_per_step=1", "logger.progress=false",
             "rollout.num_cpus=0.5", "learner.num_cpus=0.5",  # 1 CPU per point: both fit at once
-            "trainer.seed=0,1", f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"]
+            "trainer.seed=0,1", f"hydra.sweep.dir={sweep}"]
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args], cwd=tmp_path,
                        env=cluster_env(), capture_output=True, text=True, timeout=SWEEP_TIMEOUT)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     assert "Joblib.Parallel(n_jobs=2" in out  # the joblib launcher ran the sweep
-    points = [sweep / "0", sweep / "1"]
+    points = [sweep / "0_seed=0", sweep / "1_seed=1"]  # named in each joblib worker like in the driver
     for p in points:
         assert (p / "summary.json").exists(), out[-6000:]
+        assert json.loads((p / "sweep_point.json").read_text())["status"] == "done"
         assert (p / "metrics.jsonl").read_text().count("\n") == 1
-    assert (sweep / "sweep_summary.md").exists()
+    assert "| seed |" in (sweep / "sweep_summary.md").read_text()
     # config.yaml is written when a point starts, summary.json when it ends: each point started
     # before the other ended, so they ran side by side on the cluster.
     start = [(p / "config.yaml").stat().st_mtime for p in points]
