@@ -25,9 +25,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from envs import make_env
 from envs.base import Observation, TextEnv
-from pipeline.context.placement import PrivilegedPrompt
-from pipeline.context.prompts import default_system_prompt
 from pipeline.context.providers import StudentView
+from pipeline.context.student_prompts import StudentPrompts
 from pipeline.core.config import EnvConfig, RolloutConfig
 from pipeline.core.hardware import choose_precision, hardware_info, set_threads
 from pipeline.core.types import Episode, EpisodeGroup, StopReason, TurnRecord
@@ -35,10 +34,6 @@ from pipeline.distributed.weight_sync import WeightPacket, verify
 
 from actors.engines.base import request_seed
 from actors.turn_batcher import Request, Sampling, TurnBatcher
-
-
-class PromptTooLong(ValueError):
-    pass
 
 
 class RolloutWorker:
@@ -57,7 +52,8 @@ class RolloutWorker:
             engine = make_engine(cfg, model_path, dtype=self.precision.dtype, chat_template=chat_template)
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.default_system = default_system_prompt(self.tokenizer)  # where a system placement goes
+        self.prompts = StudentPrompts(self.tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
+                                      history_length=env_cfg.history_length)
         self._pending: tuple[dict, int] | None = None
         self._lock = threading.Lock()  # guards _pending
         # Only the batcher's thread touches the engine (it is not thread-safe).
@@ -130,28 +126,9 @@ class RolloutWorker:
             getattr(self.engine, "wake_up", lambda: None)()
 
     # ----- prompts -------------------------------------------------------------------------------
-    def encode(self, prompt: PrivilegedPrompt) -> list[int]:
-        out = self.tokenizer.apply_chat_template([m.as_dict() for m in prompt.messages],
-                                                 add_generation_prompt=True, tokenize=True)
-        if isinstance(out, dict) or hasattr(out, "keys"):
-            out = out["input_ids"]
-        prefix = list(self.tokenizer(prompt.prefix, add_special_tokens=False)["input_ids"]) if prompt.prefix else []
-        return prefix + list(out)
-
     def build_prompt(self, env: TextEnv, history: list[tuple[str, str]], obs: Observation, turn: int = 0,
                      view: StudentView | None = None):
-        """Messages and ids of the next prompt (with the view's privileged context, if any),
-        dropping the oldest history until it fits; returns (messages, ids, truncated, context ids)."""
-        for h in range(min(self.env_cfg.history_length, len(history)), -1, -1):
-            prompt, offered = PrivilegedPrompt(messages=env.build_messages(history, obs, h)), []
-            if view is not None:
-                prompt, offered = view.apply(prompt.messages, env, turn, self.default_system)
-            ids = self.encode(prompt)
-            if len(ids) <= self.cfg.max_prompt_tokens:
-                return prompt.messages, ids, h < min(self.env_cfg.history_length, len(history)), offered
-        raise PromptTooLong(
-            f"the prompt without history is {len(ids)} tokens > rollout.max_prompt_tokens="
-            f"{self.cfg.max_prompt_tokens}; raise rollout.max_prompt_tokens")
+        return self.prompts.build(env, history, obs, turn, view)
 
     def thinking_tokens(self, response_ids: list[int], text: str) -> int:
         """How many leading response tokens make up ``<think>...</think>`` (0 if no such block)."""
@@ -289,6 +266,7 @@ class _Group:
             self._fail(i, "env reset", repr(e))
             return self._landed(i, ask=False)
         ep = self.episodes[i]
+        ep.privileged_hint = env.privileged_hint() or ""
         ep.task_id = env.task_id or ep.task_id
         ep.task_type, ep.task_text = env.task_type, env.task_text
         self.limit = self.limit or env.max_turns

@@ -90,6 +90,18 @@ class TextEnv(abc.ABC):
         ``history_length`` are shown. The result is what the chat template renders.
         """
 
+    def expert_response(self) -> str | None:
+        """The expert's next response for the current state, in the env's strict protocol (what
+        a model following the prompt exactly would write), or None where the env has no expert.
+        The warm start (``pipeline/warm_start``) clones these."""
+        return None
+
+    def privileged_hint(self) -> str | None:
+        """Privileged state of the current task as text (what a teacher may know and the student
+        does not: where things are, the target's attributes), or None where the env has none.
+        Read after reset by the ``hints`` context kind."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (temp files, subprocesses)."""
 

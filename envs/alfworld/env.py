@@ -35,11 +35,15 @@ in 50-140 ms, dominated by textworld regenerating the text of every admissible c
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
+from typing import Sequence
 
 from envs.actions import normalize_action, parse_think_action
 import envs.alfworld.prompts as prompts
 from envs.alfworld.engine import load_engine, release_engine, replan
+from envs.alfworld.expert import SearchingExpert
 from envs.alfworld.generator import SPLITS, TASK_TYPES, GameRecord, SceneLimits, cache_key, get_game
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env
 from pipeline.core.types import CriterionResult, Message
@@ -55,6 +59,10 @@ class AlfworldOptions:
 
     task_types: tuple[str, ...] = TASK_TYPES  # any non-empty subset of the six ALFWorld task types
     max_turns: int = 50  # turns per episode, >= 1 (verl-agent: 50)
+    # > 0: each episode's turn limit is this times its stored walkthrough's length (rounded up),
+    # at most max_turns: room for the plan plus as many detours, without paying for 50 turns of a
+    # 3-step task (the CPU recipe: 2.0).
+    plan_turns_factor: float = 0.0
     max_receptacles: int = 0  # receptacles per scene: 0 = the whole floor plan (8-38), else >= 4
     max_objects: int = 0  # objects per scene: 0 = one of each type the floor plan lists, else >= 4
     n_floorplans: int = 0  # floor plans per split, 0 = all (96 seen, 24 unseen), alternating room types
@@ -98,6 +106,8 @@ class AlfworldOptions:
             raise ValueError(f"alfworld n_floorplans must be >= 0, got {self.n_floorplans}")
         if self.n_tasks is not None and (not isinstance(self.n_tasks, int) or self.n_tasks < 0):
             raise ValueError(f"alfworld n_tasks must be null or an int >= 0, got {self.n_tasks!r}")
+        if not isinstance(self.plan_turns_factor, (int, float)) or self.plan_turns_factor < 0:
+            raise ValueError(f"alfworld plan_turns_factor must be >= 0 (0 = off), got {self.plan_turns_factor!r}")
         if self.action_format not in ("tags", "lenient"):
             raise ValueError(f"alfworld action_format must be tags or lenient, got {self.action_format!r}")
         for name in ("expert", "reject_cjk"):
@@ -178,6 +188,10 @@ class AlfworldEnv(TextEnv):
         self._obs = self._observation(self._state["feedback"])
         self._task_text = prompts.extract_task(self._obs.text)
         self._turn, self._moves, self._done, self._won = 0, 0, False, bool(self._state["won"])
+        self._expert = None  # the searching expert, made on first use (warm start)
+        self.max_turns = self.options.max_turns
+        if self.options.plan_turns_factor > 0 and self._record.walkthrough:
+            self.max_turns = min(self.max_turns, math.ceil(self.options.plan_turns_factor * len(self._record.walkthrough)))
         return self._obs
 
     def step(self, response: str) -> StepResult:
@@ -264,6 +278,28 @@ class AlfworldEnv(TextEnv):
             return list(self._state["extra.expert_plan"])
         return replan(self._engine)
 
+    def expert_response(self) -> str | None:
+        """The searching expert's next command (``envs/alfworld/expert.py``: the walkthrough, but
+        objects are searched for, not known), with a one-line reason, in verl-agent's protocol:
+        ``<think>the task needs the mug 1</think><action>take mug 1 from shelf 2</action>``.
+        Only valid while every move so far came from it."""
+        if self._engine is None or self._record is None or self._obs is None:
+            raise RuntimeError("AlfworldEnv.expert_response() before reset()")
+        if self._expert is None:
+            self._expert = SearchingExpert(self._record.walkthrough or self.expert_plan())
+        action = self._expert.next(self._obs.text, self._obs.admissible_actions, self.expert_plan)
+        if action is None:
+            return None
+        return f"<think>{expert_reason(action)}</think><action>{action}</action>"
+
+    def privileged_hint(self) -> str | None:
+        """Where the task's objects are and where they go, read off the stored walkthrough (the
+        student only learns this by searching): ``The mug 1 is in/on the shelf 2. It goes
+        in/on the desk 1.``"""
+        if self._record is None:
+            return None
+        return walkthrough_hint(self._record.walkthrough) or None
+
     def build_messages(self, history: list[tuple[str, str]], observation: Observation,
                        history_length: int) -> list[Message]:
         return prompts.build_messages(history, observation, history_length, task_text=self._task_text or None)
@@ -272,6 +308,41 @@ class AlfworldEnv(TextEnv):
         if self._engine is not None:
             release_engine(self._engine)
             self._engine = None
+
+
+_REASONS = (  # ALFWorld's command verbs -> a short reason an expert would give
+    ("go to ", "the {0} may have what the task needs"), ("take ", "the task needs the {0}"),
+    ("move ", "the {0} belongs there"), ("put ", "the {0} belongs there"), ("open ", "the {0} is closed"),
+    ("close ", "the {0} is done"), ("heat ", "the {0} must be hot"), ("cool ", "the {0} must be cool"),
+    ("clean ", "the {0} must be clean"), ("use ", "the {0} gives light"), ("examine ", "look at the {0}"),
+)
+
+
+def expert_reason(action: str) -> str:
+    """A one-line reason for an expert command (``take mug 1 from shelf 2`` -> ``the task needs
+    the mug 1``): short, because every token of it is cloned and later sampled."""
+    for verb, reason in _REASONS:
+        if action.startswith(verb):
+            obj = re.split(r" (?:from|in/on|with|to) ", action[len(verb):])[0]
+            return reason.format(obj)
+    return "this is the next step"
+
+
+def walkthrough_hint(plan: Sequence[str]) -> str:
+    """The facts a plan relies on: where each taken object lies, what tool is used, where it goes."""
+    facts, here = [], ""
+    for a in plan:
+        if m := re.fullmatch(r"go to (.+)", a):
+            here = m[1]
+        elif m := re.fullmatch(r"take (.+) from (.+)", a):
+            facts.append(f"The {m[1]} is in/on the {m[2]}.")
+        elif m := re.fullmatch(r"(?:put|move) (.+?) (?:in/on|to) (.+)", a):
+            facts.append(f"The {m[1]} goes in/on the {m[2]}.")
+        elif m := re.fullmatch(r"(heat|cool|clean) (.+) with (.+)", a):
+            facts.append(f"{m[1].capitalize()} the {m[2]} with the {m[3]}.")
+        elif (m := re.fullmatch(r"use (.+)", a)) and here:
+            facts.append(f"The {m[1]} is in/on the {here}.")
+    return " ".join(dict.fromkeys(facts))
 
 
 def find_admissible(response: str, admissible: list[str]) -> str:

@@ -277,6 +277,15 @@ class WebShopEnv(TextEnv):
         self._obs = self._observation()
         return self._obs
 
+    def privileged_hint(self) -> str | None:
+        """The target product the instruction was written from (the ``hints`` context kind)."""
+        g = getattr(self, "goal", None)
+        if g is None:
+            return None
+        opts = ", ".join(f"{k}: {v}" for k, v in sorted(g.options.items()))
+        return (f"The item to buy is {g.asin.lower()} ({g.name}); search for: {g.query}."
+                + (f" Choose {opts}." if opts else ""))
+
     def _observation(self) -> Observation:
         return Observation(text=self.engine.observation(),
                            admissible_actions=admissible_actions(self.engine.get_available_actions()))

@@ -29,7 +29,7 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor
 
-from pipeline.algorithm.metrics import Metrics, maximum, mean, minimum
+from pipeline.algorithm.metrics import Metrics, Reduce, Stat, maximum, mean, minimum
 
 # Aux kinds whose learner must supply student and teacher logits (the teacher forward runs there).
 AUX_NEEDS_LOGITS = frozenset({"full_kl"})
@@ -348,10 +348,21 @@ def full_kl(x: LossInputs) -> tuple[Tensor, Metrics]:
     return loss, metrics
 
 
+def nll(x: LossInputs) -> tuple[Tensor, Metrics]:
+    """Behaviour cloning: ``token_mean(-log pi(y_t))`` over the selected response tokens (the
+    warm start's expert rows, ``pipeline/warm_start``). ``loss`` sums over the micro-batches: on
+    one rank it is the mini-batch's per-token NLL."""
+    sel = x.selected
+    loss = token_mean(-x.logprobs, sel, x.n_tokens_total)
+    return loss, {"loss": Stat(loss.detach(), Reduce.SUM),
+                  "logprob_min": minimum(_masked_extreme(x.logprobs, sel, False))}
+
+
 AuxLoss = Callable[..., tuple[Tensor, Metrics]]
 
 AUX_LOSSES: dict[str, AuxLoss] = {
     "gated_surrogate": gated_surrogate,
     "k3_is": k3_is,
     "full_kl": full_kl,
+    "nll": nll,
 }

@@ -15,7 +15,8 @@ phase 1) and the privileged validation that measures the privilege gap all go th
 
 Kinds: ``skills`` (retrieved from a skill bank by the task: full | keyword | random | ucb, at a
 placement raw_prefix | system | user) and ``feedback`` (the failed criteria's feedback strings,
-right before the failing turn). A new kind is one class here registered in ``PROVIDERS``.
+right before the failing turn) and ``hints`` (privileged state the env writes as text,
+``TextEnv.privileged_hint``). A new kind is one class here registered in ``PROVIDERS``.
 
 One skill retriever, on the driver, owns the UCB statistics: a student view carries a snapshot of
 them to the rollout worker, the worker records which skills it offered in
@@ -25,9 +26,10 @@ from __future__ import annotations
 
 from pipeline.context.base import ContextProvider, StudentView, TeacherSpec, task_seed_of, turn_feedback
 from pipeline.context.feedback import FeedbackContext, FeedbackView
+from pipeline.context.hints import HintsContext, HintsView
 from pipeline.context.skills import SkillsContext, SkillsView
 
-PROVIDERS: dict[str, type[ContextProvider]] = {p.kind: p for p in (SkillsContext, FeedbackContext)}
+PROVIDERS: dict[str, type[ContextProvider]] = {p.kind: p for p in (SkillsContext, FeedbackContext, HintsContext)}
 
 
 def register_provider(cls: type[ContextProvider]) -> type[ContextProvider]:
@@ -37,5 +39,5 @@ def register_provider(cls: type[ContextProvider]) -> type[ContextProvider]:
     PROVIDERS[cls.kind] = cls
     return cls
 
-__all__ = ["ContextProvider", "FeedbackContext", "FeedbackView", "PROVIDERS", "SkillsContext", "SkillsView",
+__all__ = ["ContextProvider", "FeedbackContext", "FeedbackView", "HintsContext", "HintsView", "PROVIDERS", "SkillsContext", "SkillsView",
            "StudentView", "TeacherSpec", "register_provider", "task_seed_of", "turn_feedback"]

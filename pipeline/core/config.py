@@ -128,6 +128,7 @@ class TrainerConfig:
     max_policy_lag: int = 0  # 0 = synchronous on-policy; k = groups up to k versions old are used
     val_every: int = 10  # 0 = never
     val_tasks: int = 8  # held-out tasks per validation
+    val_at_start: bool = False  # validate once before the first step too (logged as step 0)
     ckpt_every: int = 10  # 0 = only the final checkpoint
     keep_checkpoints: int = 2
     seed: int = 0
@@ -163,6 +164,25 @@ class LoggerConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """Behaviour cloning of the env's expert before RL (pipeline/orchestration/warm_start.py).
+
+    The expert's episodes on train tasks 0..tasks-1 are rendered with the rollout's own prompt
+    builder and cloned by the DeepSpeed learner (an NLL term); the result is an HF checkpoint
+    cached under $PRIVY_CACHE/warm_start, keyed by every input, that the run starts from."""
+
+    enabled: bool = False
+    tasks: int = 32  # train-split tasks (seeds 0..tasks-1) whose expert episodes are cloned
+    epochs: int = 2  # passes over the expert rows
+    lr: float = 1.0e-4
+    batch_rows: int = 8  # expert rows per optimizer step
+    lr_schedule: str = "cosine"  # constant | cosine (over all warm-start steps)
+    seed: int = 0  # shuffles the rows
+    precision: str = "auto"  # of the cloning learner; auto = bf16 where native
+    cache_dir: str | None = None  # where clones live; None = <model cache>/warm_start
+
+
+@dataclass
 class SweepConfig:
     """A Hydra multirun (``-m``): where it goes and what its summary ranks (pipeline/tools/sweep.py)."""
 
@@ -187,6 +207,7 @@ class PrivyConfig:
     method: dict[str, Any] = field(default_factory=lambda: {"name": "grpo"})
     experiment: str = ""  # free label of the recipe that set this config
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
 
 def register_schema() -> None:
@@ -291,6 +312,13 @@ def validate(cfg: PrivyConfig) -> None:
     _require(isinstance(cfg.method, dict) and "name" in cfg.method,
              "method must name a method: method=grpo (see conf/method/)")
     validate_sweep(cfg.sweep)
+    w = cfg.warm_start
+    _require(w.tasks >= 1, "warm_start.tasks must be >= 1")
+    _require(w.epochs >= 1, "warm_start.epochs must be >= 1")
+    _require(w.lr > 0, "warm_start.lr must be > 0")
+    _require(w.batch_rows >= 1, "warm_start.batch_rows must be >= 1")
+    _require(w.lr_schedule in ("constant", "cosine"), f"warm_start.lr_schedule={w.lr_schedule!r}: constant | cosine")
+    _require(w.precision in PRECISIONS, f"warm_start.precision={w.precision!r}: one of {', '.join(PRECISIONS)}")
 
 
 def validate_sweep(s: SweepConfig) -> None:
@@ -323,6 +351,6 @@ def to_config(dict_cfg: Any) -> PrivyConfig:
 
 __all__ = [
     "ClusterConfig", "ConfigError", "EnvConfig", "LearnerConfig", "LoggerConfig", "ModelConfig",
-    "PrivyConfig", "RolloutConfig", "ScorerConfig", "SweepConfig", "TrainerConfig", "VLLMConfig", "MISSING", "register_schema", "to_config",
+    "PrivyConfig", "RolloutConfig", "ScorerConfig", "SweepConfig", "TrainerConfig", "VLLMConfig", "WarmStartConfig", "MISSING", "register_schema", "to_config",
     "validate", "validate_sweep",
 ]

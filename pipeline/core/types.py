@@ -92,6 +92,7 @@ class Episode:
     criteria: list[CriterionResult] = field(default_factory=list)
     task_text: str = ""
     context_ids: list[str] = field(default_factory=list)  # privileged context offered (skill ids): UCB
+    privileged_hint: str = ""  # the env's privileged state as text (TextEnv.privileged_hint), for a hints teacher
     error: str = ""  # why the episode was cut short by its env (reset or step raised, or timed out)
 
     @property

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -167,6 +168,11 @@ class Controller:
 
     async def _train_loop(self) -> None:
         t = self.cfg.trainer
+        if t.val_at_start and self.state.step == 0:  # the starting point (e.g. the warm start), as step 0
+            metrics = await self._validate(0, notify_method=False)
+            self.logger.log(metrics, 0)
+            if self.progress is not None:
+                self.progress(0, metrics)
         while self.state.step < t.total_steps and not self._stop.is_set():
             metrics = await self._train_step()
             step = self.state.step
@@ -250,7 +256,7 @@ class Controller:
         })
         return metrics
 
-    async def _validate(self, step: int) -> dict[str, float]:
+    async def _validate(self, step: int, notify_method: bool = True) -> dict[str, float]:
         """Held-out tasks at each validation temperature (0 = greedy), one episode per task.
 
         For a method with a teacher, the first temperature's tasks are played once more with the
@@ -276,7 +282,12 @@ class Controller:
             privileged = rollout_metrics(groups, self.method.invalid_action_penalty)["rollout/success"]
             out["val/privileged_success"] = privileged
             out["val/privilege_gap"] = privileged - out["val/success"]
-        out.update(self.method.on_validation(step, out.get("val/success", 0.0), privileged))
+            if out["val/privilege_gap"] <= 0:
+                print(f"privy-rl: step {step}: privilege gap {out['val/privilege_gap']:+.3f} <= 0: with its "
+                      f"context the policy does no better on validation, so the teacher has nothing to "
+                      f"distil yet", file=sys.stderr, flush=True)
+        if notify_method:  # a method's windows (RetireOPD) count validations after training steps only
+            out.update(self.method.on_validation(step, out.get("val/success", 0.0), privileged))
         out["time/val_s"] = time.time() - t0
         return out
 

@@ -34,6 +34,11 @@ def check_launch(cfg: PrivyConfig):
         env_cls.validate_options(cfg.env.options)
     except ValueError as e:
         raise ConfigError(f"env: {e}") from None
+    from envs.base import TextEnv
+
+    if cfg.warm_start.enabled and env_cls.expert_response is TextEnv.expert_response:
+        raise ConfigError(f"warm_start.enabled=true: env {cfg.env.name!r} has no expert to clone "
+                          "(TextEnv.expert_response); set warm_start.enabled=false")
     penalty = (cfg.env.invalid_action_penalty if cfg.env.invalid_action_penalty is not None
                else env_cls.invalid_action_penalty)
     try:
@@ -256,6 +261,10 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
         method.load_state_dict(resume_state["method"])  # before the actors: it may name a teacher
     model_path = str(resolve_model(cfg.model.path or cfg.model.name, cache_dir=cfg.model.cache_dir))
     check_model(cfg, model_path)
+    if cfg.warm_start.enabled:  # built once per config, then read from the cache
+        from pipeline.orchestration.warm_start import ensure_warm_start
+
+        model_path = str(ensure_warm_start(cfg, model_path))
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
     start_ray(cfg)

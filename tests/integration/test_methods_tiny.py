@@ -99,3 +99,15 @@ def test_retire_opd_trains_its_teacher_retires_it_and_stays_retired_after_resume
                            tmp_path / "resumed")
     assert len(resumed) == 1
     assert resumed[0]["opd/retired"] == 1.0 and "teacher/seconds" not in resumed[0]
+
+
+def test_sdar_with_alfworld_hints_scores_every_row_and_logs_the_privilege_gap(ray_local, tmp_path):
+    # context: hints is a YAML choice: the env writes its privileged state (where the task's
+    # objects are), the teacher reads it from the episode, the privileged validation from the env.
+    cfg = compose(BASE + ["env=alfworld", "env.options.max_receptacles=6", "env.options.max_objects=6",
+                          "env.options.n_tasks=4", "env.options.max_turns=2", f"+env.options.cache_dir={tmp_path / 'games'}",
+                          "method=sdar_hints", "trainer.total_steps=1", "rollout.group_size=2", "trainer.groups_per_step=1",
+                          "trainer.val_every=1", "trainer.val_tasks=2", "rollout.val_temperatures=[0.0]"])
+    last = run_training(cfg, tmp_path)[-1]
+    assert last["teacher/rows_scored_frac"] == 1.0 and "sdar/loss" in last
+    assert "val/privileged_success" in last and "val/privilege_gap" in last

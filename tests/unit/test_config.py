@@ -6,7 +6,7 @@ from pipeline.core.config import ConfigError, PrivyConfig
 
 # Top-level keys are part of the user-facing surface: adding one must be a deliberate change.
 EXPECTED_TOP_LEVEL = {"model", "env", "rollout", "learner", "scorer", "trainer", "cluster", "logger", "method",
-                      "experiment", "sweep"}
+                      "experiment", "sweep", "warm_start"}
 
 
 def test_top_level_config_keys_are_frozen():

@@ -91,7 +91,7 @@ def test_end_to_end_tiny_model_on_keyword_writes_adopted_json_and_table(tmp_path
 def test_max_prompt_tokens_reaches_the_rollout_worker(tmp_path):
     # code_edit's system prompt alone is ~700 tokens: the script must let the prompt budget be raised
     # (and lowered); a budget below the keyword prompt must stop the run at the first prompt.
-    from actors.rollout import PromptTooLong
+    from pipeline.context.student_prompts import PromptTooLong
     from scripts.select_feedback import main
 
     (tmp_path / "cands.json").write_text(json.dumps({"format": ["Use tags."]}))

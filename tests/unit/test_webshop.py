@@ -349,3 +349,10 @@ def test_real_webshop_adapter_explains_how_to_install_it():
         WebShopRealEnv.validate_options({"webshop_path": "/nonexistent/WebShop"})
     with pytest.raises(ValueError, match="unknown webshop_real option"):
         make_env("webshop_real", {"nope": 1}, split="test")
+
+
+def test_the_privileged_hint_names_the_target_and_its_options():
+    env = env_for(0)
+    hint = env.privileged_hint()
+    assert env.goal.asin.lower() in hint and env.goal.query in hint
+    assert all(f"{k}: {v}" in hint for k, v in env.goal.options.items())

@@ -1,0 +1,104 @@
+"""A searching expert for ALFWorld: the stored walkthrough without its knowledge of where things lie.
+
+The walkthrough goes straight to the receptacle that holds the object (the planner sees the whole
+state), so a model cloned on it learns to guess where things are and, on a new scene, walks to
+the wrong receptacle for ever. This expert follows the walkthrough except where it *finds*
+something: a ``go to R`` whose purpose is to ``take X from R`` (or to ``use`` a lamp there)
+becomes a search. The expert visits the receptacles in the order of the admissible ``go to``
+commands (alphabetical), skipping those it has seen, opens closed ones, and takes the first
+instance of X's type it sees. The object's name then replaces the walkthrough's in later steps.
+Each choice depends only on what the prompt shows (the admissible list, the last action and the
+observation), so a model can learn it: after "go to cabinet 1" there was nothing, so the next is
+"go to cabinet 2". Steps the search made moot (an ``open`` of what is already open) are skipped;
+a step that is not admissible otherwise falls back to the planner.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+_SEEN = re.compile(r"\b(?:a|an) ([a-z]+ \d+)")
+
+
+def kind(obj: str) -> str:
+    """``pencil 3`` -> ``pencil``."""
+    return re.sub(r" \d+$", "", obj)
+
+
+class SearchingExpert:
+    def __init__(self, plan: Sequence[str]):
+        self.plan = list(plan)
+        self.i = 0  # the next walkthrough step
+        self.rename: dict[str, str] = {}  # walkthrough object -> the instance found
+        self.used: set[str] = set()  # instances taken or used so far
+        self.search: tuple[str, str] | None = None  # (walkthrough object, its verb: take | use)
+        self.visited: set[str] = set()
+        self.here = ""
+
+    def _named(self, step: str) -> str:
+        for old, new in self.rename.items():
+            step = re.sub(rf"\b{re.escape(old)}\b", new, step)
+        return step
+
+    def _finds(self, i: int) -> tuple[str, str] | None:
+        """``(object, verb)`` if walkthrough step i is a ``go to R`` made to take or use something at R."""
+        m = re.fullmatch(r"go to (.+)", self.plan[i])
+        if not m:
+            return None
+        j = i + 1
+        if j < len(self.plan) and self.plan[j] == f"open {m[1]}":
+            j += 1
+        if j < len(self.plan):
+            if t := re.fullmatch(rf"take (.+) from {re.escape(m[1])}", self.plan[j]):
+                return t[1], "take"
+            if u := re.fullmatch(r"use (.+)", self.plan[j]):
+                return u[1], "use"
+        return None
+
+    def _skip_find(self) -> None:
+        """Past the walkthrough's ``go to R`` [, ``open R``], ``take X from R`` | ``use L``."""
+        self.i += 1
+        if self.i < len(self.plan) and self.plan[self.i].startswith("open "):
+            self.i += 1
+        self.i += 1
+
+    def next(self, observation: str, admissible: Sequence[str], replan: Callable[[], list[str]]) -> str | None:
+        """The next command for the current state, or None when the plan is done."""
+        while self.search is None and self.i < len(self.plan):
+            found = self._finds(self.i)
+            if found is not None:
+                self.search, self.visited = found, set()
+                break
+            step = self._named(self.plan[self.i])
+            if step in admissible:
+                self.i += 1
+                return self._moved(step)
+            if re.match(r"(open|close) ", step):  # the search already opened it
+                self.i += 1
+                continue
+            rest = replan()  # something else changed: the planner picks up from here
+            return self._moved(rest[0]) if rest else None
+        if self.search is None:
+            return None
+        obj, verb = self.search
+        seen = [o for o in _SEEN.findall(observation) if kind(o) == kind(obj) and o not in self.used]
+        for inst in seen:
+            cmd = f"take {inst} from {self.here}" if verb == "take" else f"use {inst}"
+            if cmd in admissible:
+                self.rename[obj], self.search = inst, None
+                self.used.add(inst)
+                self._skip_find()
+                return self._moved(cmd)
+        if self.here and f"open {self.here}" in admissible and "is closed" in observation:
+            return f"open {self.here}"
+        for cmd in admissible:
+            if cmd.startswith("go to ") and cmd[6:] not in self.visited:
+                return self._moved(cmd)
+        rest = replan()  # searched everywhere (an object inside something else): the planner
+        return self._moved(rest[0]) if rest else None
+
+    def _moved(self, cmd: str) -> str:
+        if cmd.startswith("go to "):
+            self.here = cmd[6:]
+            self.visited.add(self.here)
+        return cmd

@@ -1,0 +1,226 @@
+"""Expert warm start: behaviour cloning of the env's expert before RL, cached like a converted model.
+
+1. **Rows.** The env's expert (``TextEnv.expert_response``: ALFWorld's stored walkthrough, in the
+   strict ``<think>..</think><action>..</action>`` protocol) plays train tasks 0..tasks-1 through
+   the real env. Each expert turn becomes a row whose prompt is built by the rollout's own
+   ``StudentPrompts`` from the same history RL keeps, so a cloned row is exactly what RL samples
+   from at that state; its response ids end with the template's end-of-turn token, so the model
+   also learns to stop. Episodes the expert does not win are left out (counted).
+2. **Cloning.** The same DeepSpeed ``LearnerWorker`` as RL, method-blind: a batch whose policy
+   term is off (``policy_loss_coef=0``) and whose one aux term is ``nll``. It runs in a spawned
+   process of its own (its DeepSpeed process group and threads never touch the driver's).
+3. **Cache.** The HF checkpoint lands in ``$PRIVY_CACHE/warm_start/<model>-<env>-<hash>``; the
+   hash covers the base model's files, the env and prompt settings, the warm-start settings and
+   the precision, so any change rebuilds it and a rerun (or a resumed run, or RetireOPD's first
+   phase) reuses it. ``privy_model.json`` there records rows, tokens, the loss per epoch and the
+   seconds it took.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.config import EnvConfig, PrivyConfig, WarmStartConfig
+from pipeline.core.types import TurnRecord
+
+EXPERT_VERSION = 2  # bump when the expert's responses or the row format change: rebuilds every cache
+
+
+class NoExpert(ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class ExpertRows:
+    rows: list[TurnRecord]
+    episodes: int  # expert episodes played
+    won: int  # of them won (only those give rows)
+    turns: list[int]  # turns of each won episode
+
+
+def expert_rows(env_cfg: EnvConfig, prompts, tasks: int, max_turns: int | None = None) -> ExpertRows:
+    """Play the expert on train tasks ``0..tasks-1`` and return the turns of the episodes it won."""
+    from envs import make_env
+
+    rows, won, turns = [], 0, []
+    for seed in range(tasks):
+        env = make_env(env_cfg.name, env_cfg.options, env_cfg.train_split)
+        try:
+            obs, history, episode, res = env.reset(seed), [], [], None
+            limit = max_turns or env.max_turns
+            for turn in range(limit):
+                text = env.expert_response()
+                if text is None:
+                    if turn == 0 and not rows and seed == 0:
+                        raise NoExpert(f"env {env_cfg.name!r} has no expert (TextEnv.expert_response): "
+                                       "set warm_start.enabled=false")
+                    break
+                messages, ids, truncated, _ = prompts.build(env, history, obs, turn)
+                res = env.step(text)
+                if not res.action_valid:
+                    raise RuntimeError(f"{env_cfg.name} task {seed} turn {turn}: the expert's response "
+                                       f"{text!r} is invalid ({res.info.get('invalid_reason')})")
+                response = prompts.response_ids(messages, text)
+                episode.append(TurnRecord(prompt_ids=ids, response_ids=response,
+                                          behaviour_logprobs=[0.0] * len(response), policy_version=0,
+                                          turn_index=turn, messages=messages, response_text=text,
+                                          action=res.action, truncated_prompt=truncated))
+                history.append((obs.text, res.action))
+                obs = res.observation
+                if res.done:
+                    break
+            if res is not None and res.won:
+                won += 1
+                turns.append(len(episode))
+                rows.extend(episode)
+        finally:
+            env.close()
+    return ExpertRows(rows, tasks, won, turns)
+
+
+# ----- the cache ---------------------------------------------------------------------------------
+
+def _model_identity(model_path: Path) -> dict[str, Any]:
+    """The base model's files by name, size and the first MiB's hash (weights change -> new key)."""
+    out = {}
+    for p in sorted(model_path.iterdir()):
+        if p.is_file() and not p.name.startswith("."):
+            with open(p, "rb") as f:
+                out[p.name] = [p.stat().st_size, hashlib.sha1(f.read(1 << 20)).hexdigest()[:12]]
+    return out
+
+
+def cache_key(cfg: PrivyConfig, model_path: Path) -> dict[str, Any]:
+    from pipeline.core.hardware import choose_precision
+
+    env = cfg.env
+    return {"expert_version": EXPERT_VERSION, "model": _model_identity(model_path),
+            "chat_template": cfg.model.chat_template,
+            "env": {"name": env.name, "options": dict(env.options or {}), "history_length": env.history_length,
+                    "train_split": env.train_split},
+            "max_prompt_tokens": cfg.rollout.max_prompt_tokens, "micro_batch_tokens": cfg.learner.micro_batch_tokens,
+            "warm_start": {k: v for k, v in dataclasses.asdict(cfg.warm_start).items() if k != "cache_dir"},
+            "dtype": choose_precision(cfg.warm_start.precision, "cpu").dtype}
+
+
+def warm_start_dir(cfg: PrivyConfig, model_path: Path) -> Path:
+    from pipeline.models.cache import cache_root
+
+    key = json.dumps(cache_key(cfg, model_path), sort_keys=True, default=str)
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    root = Path(cfg.warm_start.cache_dir) if cfg.warm_start.cache_dir else cache_root(cfg.model.cache_dir) / "warm_start"
+    return root / f"{cfg.model.name}-{cfg.env.name}-{digest}"
+
+
+def ensure_warm_start(cfg: PrivyConfig, model_path: str | Path) -> Path:
+    """The warm-started HF checkpoint for this config: from the cache, or built now (minutes)."""
+    from pipeline.models.cache import build_lock, is_complete, publish
+
+    model_path = Path(model_path)
+    target = warm_start_dir(cfg, model_path)
+    if is_complete(target):
+        return target
+    with build_lock(target):
+        if is_complete(target):
+            return target
+        print(f"privy-rl: warm start: cloning the {cfg.env.name} expert on {cfg.warm_start.tasks} train tasks "
+              f"into {target} (once; cached)", file=sys.stderr, flush=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("spawn")  # DeepSpeed's process group and torch threads stay out of the driver
+            with ctx.Pool(1) as pool:
+                report = pool.apply(_build, (cfg, str(model_path), str(stage)))
+            publish(stage, target, {"kind": "warm_start", "base": str(model_path),
+                                    "key": cache_key(cfg, model_path), **report})
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    r = json.loads((target / "privy_model.json").read_text())
+    print(f"privy-rl: warm start: {r['rows']} rows of {r['won']}/{r['episodes']} expert episodes, NLL per epoch "
+          f"{[round(x, 3) for x in r['loss_per_epoch']]}, {r['seconds']:.0f} s", file=sys.stderr, flush=True)
+    return target
+
+
+# ----- cloning (in the spawned process) ----------------------------------------------------------
+
+def _learner_config(cfg: PrivyConfig):
+    w = cfg.warm_start
+    return dataclasses.replace(cfg.learner, lr=w.lr, lr_schedule=w.lr_schedule, warmup_steps=0, mini_batches=1,
+                               num_learners=1, zero_stage=0, kl_coef=0.0, entropy_coef=0.0, precision=w.precision,
+                               offload_optimizer=False, offload_params=False)
+
+
+def sft_batch(rows: list[TurnRecord], pad_id: int):
+    """The learner's batch for expert rows: no policy term, one ``nll`` aux term."""
+    from pipeline.core.types import AuxTerm, Credit
+    from pipeline.orchestration.batches import build_train_batch
+
+    credit = Credit(advantages=[[0.0] * r.n_response for r in rows], policy_loss_coef=0.0, entropy_coef=0.0,
+                    aux_terms=[AuxTerm(name="sft", kind="nll", coef=1.0)])
+    return build_train_batch(rows, credit, pad_id=pad_id, default_entropy_coef=0.0)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
+    import os
+
+    from actors.learner import LearnerWorker, _copy_tokenizer, init_process_group_env
+    from pipeline.context.student_prompts import StudentPrompts
+    from pipeline.core.hardware import set_threads
+    from pipeline.models import load_tokenizer
+
+    t0 = time.time()
+    set_threads(os.cpu_count() or 1)
+    tok = load_tokenizer(model_path, cfg.model.chat_template)
+    prompts = StudentPrompts(tok, max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+                             history_length=cfg.env.history_length)
+    w: WarmStartConfig = cfg.warm_start
+    ex = expert_rows(cfg.env, prompts, w.tasks)
+    if not ex.rows:
+        raise RuntimeError(f"warm start: the expert won none of {w.tasks} {cfg.env.name} train tasks")
+    t_rows = time.time() - t0
+    steps_per_epoch = -(-len(ex.rows) // w.batch_rows)
+    init_process_group_env(0, 1, "127.0.0.1", _free_port())
+    learner = LearnerWorker(_learner_config(cfg), model_path, temperature=1.0,
+                            total_steps=steps_per_epoch * w.epochs, seed=w.seed)
+    learner.setup()
+    rng = random.Random(w.seed)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    losses = []
+    for _ in range(w.epochs):
+        order = list(range(len(ex.rows)))
+        rng.shuffle(order)
+        total, n = 0.0, 0
+        for s in range(steps_per_epoch):
+            chunk = [ex.rows[i] for i in order[s * w.batch_rows:(s + 1) * w.batch_rows]]
+            m = learner.train_step([sft_batch(chunk, pad)])
+            tokens = sum(r.n_response for r in chunk)
+            total += m["sft/loss"][0] * tokens
+            n += tokens
+        losses.append(total / n)
+        print(f"privy-rl: warm start: epoch {len(losses)}/{w.epochs}: NLL {losses[-1]:.3f} per token "
+              f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    learner.module.save_pretrained(out, state_dict=learner.state_dict_for_sync(), safe_serialization=True)
+    _copy_tokenizer(model_path, Path(out))
+    n_prompt = [len(r.prompt_ids) for r in ex.rows]
+    return {"rows": len(ex.rows), "episodes": ex.episodes, "won": ex.won, "expert_turns": ex.turns,
+            "prompt_tokens_mean": sum(n_prompt) / len(n_prompt), "response_tokens": sum(r.n_response for r in ex.rows),
+            "loss_per_epoch": losses, "optimizer_steps": steps_per_epoch * w.epochs,
+            "dtype": learner.precision.dtype, "seconds_rows": t_rows, "seconds": time.time() - t0}

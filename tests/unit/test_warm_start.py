@@ -1,0 +1,127 @@
+"""The warm start's expert rows: ALFWorld's expert in the strict protocol, prompts from RL's own
+builder, response ids as the model would emit them; the NLL term; the cache key."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from envs import make_env
+from envs.actions import parse_think_action
+from envs.alfworld.env import expert_reason
+from pipeline.algorithm.losses import AUX_LOSSES, LossInputs
+from pipeline.context.student_prompts import StudentPrompts
+from pipeline.core.chat_templates import stop_token_ids
+from pipeline.core.config import EnvConfig
+from pipeline.models import load_tokenizer, resolve_model
+from pipeline.orchestration.warm_start import expert_rows, sft_batch
+
+SMALL = {"max_receptacles": 6, "max_objects": 6, "n_tasks": 12, "max_turns": 20, "action_format": "tags"}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(resolve_model("smollm2_135m"))
+
+
+@pytest.fixture(scope="module")
+def env_cfg(tmp_path_factory):
+    return EnvConfig(name="alfworld", history_length=1, options={**SMALL, "cache_dir": str(tmp_path_factory.mktemp("alf"))})
+
+
+@pytest.fixture(scope="module")
+def rows(tok, env_cfg):
+    return expert_rows(env_cfg, StudentPrompts(tok, max_prompt_tokens=1024, history_length=1), tasks=6)
+
+
+def test_the_alfworld_expert_wins_every_task_in_the_strict_protocol(rows):
+    assert rows.episodes == 6 and rows.won == 6 and len(rows.rows) == sum(rows.turns)
+    for r in rows.rows:
+        parsed = parse_think_action(r.response_text)
+        assert parsed.valid_format and parsed.action == r.action and parsed.thinking
+
+
+def test_expert_rows_are_the_prompts_rl_samples_from(tok, env_cfg, rows):
+    """Replaying the expert's actions through a fresh env and the rollout's prompt builder gives
+    the very prompt ids of every row."""
+    prompts = StudentPrompts(tok, max_prompt_tokens=1024, history_length=1)
+    env = make_env("alfworld", env_cfg.options, "train")
+    obs, history = env.reset(0), []
+    episode = [r for r in rows.rows][: rows.turns[0]]
+    for turn, r in enumerate(episode):
+        _, ids, _, _ = prompts.build(env, history, obs, turn)
+        assert ids == r.prompt_ids
+        res = env.step(r.response_text)
+        history.append((obs.text, res.action))
+        obs = res.observation
+    assert res.won
+    env.close()
+
+
+def test_response_ids_end_with_the_end_of_turn_token_and_continue_the_prompt(tok, rows):
+    stops = set(stop_token_ids(tok))
+    for r in rows.rows[:5]:
+        assert r.response_ids[-1] in stops and not stops & set(r.response_ids[:-1])
+        assert tok.decode(r.response_ids, skip_special_tokens=True) == r.response_text
+        whole = tok.apply_chat_template([m.as_dict() for m in r.messages]
+                                        + [{"role": "assistant", "content": r.response_text}], tokenize=False)
+        assert tok(whole, add_special_tokens=False)["input_ids"][: len(r.prompt_ids) + len(r.response_ids)] \
+            == r.prompt_ids + r.response_ids
+
+
+def test_expert_reasons_name_the_object():
+    assert expert_reason("take mug 1 from shelf 2") == "the task needs the mug 1"
+    assert expert_reason("go to shelf 2") == "the shelf 2 may have what the task needs"
+    assert expert_reason("put mug 1 in/on desk 1") == "the mug 1 belongs there"
+    assert expert_reason("inventory") == "this is the next step"
+
+
+def test_the_sft_batch_turns_the_policy_term_off_and_names_one_nll_term(rows):
+    b = sft_batch(rows.rows[:3], pad_id=0)
+    assert b.policy_loss_coef == 0.0 and b.entropy_coef == 0.0
+    assert [(t.kind, t.coef) for t in b.aux_terms] == [("nll", 1.0)]
+    assert b.response_mask.sum() == sum(r.n_response for r in rows.rows[:3])
+
+
+def test_nll_is_the_token_mean_of_minus_logprobs():
+    lp = torch.tensor([[-1.0, -2.0, -4.0], [-0.5, -9.0, -3.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
+    loss, m = AUX_LOSSES["nll"](LossInputs(logprobs=lp, mask=mask, n_tokens_total=4.0, proximal_logprobs=lp.detach()))
+    assert loss.item() == pytest.approx((1 + 2 + 0.5 + 3) / 4)
+    loss.backward()
+    assert torch.equal(lp.grad, -mask / 4)
+    assert float(m["logprob_min"].value) == -3.0
+
+
+def test_the_cache_key_follows_every_input(tmp_path):
+    from pipeline.orchestration.warm_start import warm_start_dir
+    from pipeline.tools.cli import compose
+
+    cfg = compose(["warm_start.enabled=true", f"warm_start.cache_dir={tmp_path}"])
+    model = resolve_model("smollm2_135m")
+    base = warm_start_dir(cfg, model)
+    assert base == warm_start_dir(compose(["warm_start.enabled=true", f"warm_start.cache_dir={tmp_path}"]), model)
+    for change in (dict(warm_start=dataclasses.replace(cfg.warm_start, epochs=3)),
+                   dict(env=dataclasses.replace(cfg.env, history_length=2))):
+        assert warm_start_dir(dataclasses.replace(cfg, **change), model) != base
+
+
+def test_an_env_without_an_expert_fails_at_launch():
+    from pipeline.core.config import ConfigError
+    from pipeline.orchestration.run import check_launch
+    from pipeline.tools.cli import compose
+
+    with pytest.raises(ConfigError, match="warm_start.enabled=true: env 'keyword' has no expert"):
+        check_launch(compose(["env=keyword", "warm_start.enabled=true"]))
+
+
+def test_the_alfworld_hint_says_where_things_are_and_go():
+    from envs.alfworld.env import walkthrough_hint
+
+    plan = ["go to shelf 3", "take watch 2 from shelf 3", "go to sidetable 1", "use floorlamp 1"]
+    assert walkthrough_hint(plan) == "The watch 2 is in/on the shelf 3. The floorlamp 1 is in/on the sidetable 1."
+    plan = ["go to countertop 1", "take mug 1 from countertop 1", "go to microwave 1", "heat mug 1 with microwave 1",
+            "go to cabinet 2", "open cabinet 2", "move mug 1 to cabinet 2"]
+    assert walkthrough_hint(plan) == ("The mug 1 is in/on the countertop 1. Heat the mug 1 with the microwave 1. "
+                                      "The mug 1 goes in/on the cabinet 2.")
