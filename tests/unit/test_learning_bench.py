@@ -1,0 +1,40 @@
+"""scripts/bench/learning.py's summary on hand-made runs: mean +- std over seeds, steps to reach
+GRPO's final success, diagnostics, the picture."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("learning_bench", ROOT / "scripts" / "bench" / "learning.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def _rows(curve, gate=None):
+    rows = [{"step": s, "val/success": v, "rollout/success": v} for s, v in enumerate(curve)]
+    if gate is not None:
+        rows[-1]["sdar/gate_mean"] = gate
+    return rows
+
+
+def test_the_table_averages_seeds_and_finds_when_a_method_reaches_grpo(tmp_path):
+    points = [
+        {"method": "grpo", "seed": 0, "rows": _rows([0.1, 0.2, 0.3]), "seconds": 60},
+        {"method": "grpo", "seed": 1, "rows": _rows([0.1, 0.2, 0.5]), "seconds": 120},
+        {"method": "sdar_hints", "seed": 0, "rows": _rows([0.1, 0.5, 0.6], gate=0.4), "seconds": 60},
+        {"method": "sdar_hints", "seed": 1, "rows": _rows([0.1, 0.3, 0.6], gate=0.6), "seconds": 60},
+        {"method": "gigpo", "seed": 0, "error": "exit 1", "rows": []},
+    ]
+    table = bench.summarise(points, tmp_path)
+    by = {r["method"]: r for r in table}
+    assert table[0]["method"] == "sdar_hints"  # best final success first
+    assert by["grpo"]["final val/success"] == "0.400 ± 0.141"
+    assert by["sdar_hints"]["steps to grpo's final"] == "1"  # mean 0.4 at step 1 reaches grpo's 0.4
+    assert by["sdar_hints"]["gate_mean"] == "0.500 ± 0.141"
+    assert by["gigpo"]["seeds"] == 0 and by["gigpo"]["failed"] == 1
+    with open(tmp_path / "learning.csv") as f:
+        assert len(list(csv.DictReader(f))) == 3
+    assert (tmp_path / "learning.png").stat().st_size > 1000
+    assert "| sdar_hints |" in (tmp_path / "learning.md").read_text()
