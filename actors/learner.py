@@ -351,7 +351,7 @@ class LearnerWorker:
             sd = self.state_dict_for_sync()  # ZeRO-3: every rank must take part in the gather
             if self.rank == 0:
                 self.module.save_pretrained(str(path / "hf"), state_dict=sd, safe_serialization=True)
-                _copy_tokenizer(self.model_path, path / "hf")
+                copy_tokenizer(self.model_path, path / "hf")
 
     def load_checkpoint(self, ckpt_dir: str) -> int:
         _, client = self.engine.load_checkpoint(str(Path(ckpt_dir) / "deepspeed"), tag="state")
@@ -359,7 +359,7 @@ class LearnerWorker:
         return self.version
 
 
-def _copy_tokenizer(model_path: str, out: Path) -> None:
+def copy_tokenizer(model_path: str, out: Path) -> None:
     import shutil
 
     for name in os.listdir(model_path):

@@ -102,3 +102,38 @@ class SearchingExpert:
             self.here = cmd[6:]
             self.visited.add(self.here)
         return cmd
+
+
+_REASONS = (  # ALFWorld's command verbs -> a short reason an expert would give
+    ("go to ", "the {0} may have what the task needs"), ("take ", "the task needs the {0}"),
+    ("move ", "the {0} belongs there"), ("put ", "the {0} belongs there"), ("open ", "the {0} is closed"),
+    ("close ", "the {0} is done"), ("heat ", "the {0} must be hot"), ("cool ", "the {0} must be cool"),
+    ("clean ", "the {0} must be clean"), ("use ", "the {0} gives light"), ("examine ", "look at the {0}"),
+)
+
+
+def expert_reason(action: str) -> str:
+    """A one-line reason for an expert command (``take mug 1 from shelf 2`` -> ``the task needs
+    the mug 1``): short, because every token of it is cloned and later sampled."""
+    for verb, reason in _REASONS:
+        if action.startswith(verb):
+            obj = re.split(r" (?:from|in/on|with|to) ", action[len(verb):])[0]
+            return reason.format(obj)
+    return "this is the next step"
+
+
+def walkthrough_hint(plan: Sequence[str]) -> str:
+    """The facts a plan relies on: where each taken object lies, what tool is used, where it goes."""
+    facts, here = [], ""
+    for a in plan:
+        if m := re.fullmatch(r"go to (.+)", a):
+            here = m[1]
+        elif m := re.fullmatch(r"take (.+) from (.+)", a):
+            facts.append(f"The {m[1]} is in/on the {m[2]}.")
+        elif m := re.fullmatch(r"(?:put|move) (.+?) (?:in/on|to) (.+)", a):
+            facts.append(f"The {m[1]} goes in/on the {m[2]}.")
+        elif m := re.fullmatch(r"(heat|cool|clean) (.+) with (.+)", a):
+            facts.append(f"{m[1].capitalize()} the {m[2]} with the {m[3]}.")
+        elif (m := re.fullmatch(r"use (.+)", a)) and here:
+            facts.append(f"The {m[1]} is in/on the {here}.")
+    return " ".join(dict.fromkeys(facts))

@@ -279,7 +279,7 @@ class WebShopEnv(TextEnv):
 
     def privileged_hint(self) -> str | None:
         """The target product the instruction was written from (the ``hints`` context kind)."""
-        g = getattr(self, "goal", None)
+        g = self.goal
         if g is None:
             return None
         opts = ", ".join(f"{k}: {v}" for k, v in sorted(g.options.items()))

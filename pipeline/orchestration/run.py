@@ -9,19 +9,12 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
 
 from pipeline.core.config import ConfigError, PrivyConfig
 from pipeline.core.runtime_env import set_process_env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_launch(cfg: PrivyConfig):

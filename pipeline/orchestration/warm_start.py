@@ -163,18 +163,11 @@ def sft_batch(rows: list[TurnRecord], pad_id: int):
     return build_train_batch(rows, credit, pad_id=pad_id, default_entropy_coef=0.0)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
     import os
 
-    from actors.learner import LearnerWorker, _copy_tokenizer, init_process_group_env
+    from actors.learner import LearnerWorker, copy_tokenizer, init_process_group_env
+    from pipeline.core.runtime_env import free_port
     from pipeline.context.student_prompts import StudentPrompts
     from pipeline.core.hardware import set_threads
     from pipeline.models import load_tokenizer
@@ -190,7 +183,7 @@ def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
         raise RuntimeError(f"warm start: the expert won none of {w.tasks} {cfg.env.name} train tasks")
     t_rows = time.time() - t0
     steps_per_epoch = -(-len(ex.rows) // w.batch_rows)
-    init_process_group_env(0, 1, "127.0.0.1", _free_port())
+    init_process_group_env(0, 1, "127.0.0.1", free_port())
     learner = LearnerWorker(_learner_config(cfg), model_path, temperature=1.0,
                             total_steps=steps_per_epoch * w.epochs, seed=w.seed)
     learner.setup()
@@ -211,7 +204,7 @@ def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
         print(f"privy-rl: warm start: epoch {len(losses)}/{w.epochs}: NLL {losses[-1]:.3f} per token "
               f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     learner.module.save_pretrained(out, state_dict=learner.state_dict_for_sync(), safe_serialization=True)
-    _copy_tokenizer(model_path, Path(out))
+    copy_tokenizer(model_path, Path(out))
     n_prompt = [len(r.prompt_ids) for r in ex.rows]
     return {"rows": len(ex.rows), "episodes": ex.episodes, "won": ex.won, "expert_turns": ex.turns,
             "prompt_tokens_mean": sum(n_prompt) / len(n_prompt), "response_tokens": sum(r.n_response for r in ex.rows),

@@ -133,7 +133,7 @@ def main() -> None:
 
         out["object_store_s"], _ = timed(object_store, args.repeats)
 
-        from pipeline.orchestration.run import free_port
+        from pipeline.core.runtime_env import free_port
 
         world = 1 + len(receivers)
         port = free_port()

@@ -107,7 +107,7 @@ def _step(ray, model_dir, batch: TrainBatch, *, world_size: int, zero_stage: int
     LearnerGroup, return (metrics, rank-0 weights); always kill the actors."""
     from actors.learner import LearnerActor
     from pipeline.core.microbatch import slice_rows
-    from pipeline.orchestration.run import free_port
+    from pipeline.core.runtime_env import free_port
 
     port = free_port()
     cls = ray.remote(LearnerActor)

@@ -9,7 +9,7 @@ import torch
 
 from envs import make_env
 from envs.actions import parse_think_action
-from envs.alfworld.env import expert_reason
+from envs.alfworld.expert import expert_reason
 from pipeline.algorithm.losses import AUX_LOSSES, LossInputs
 from pipeline.context.student_prompts import StudentPrompts
 from pipeline.core.chat_templates import stop_token_ids
@@ -117,7 +117,7 @@ def test_an_env_without_an_expert_fails_at_launch():
 
 
 def test_the_alfworld_hint_says_where_things_are_and_go():
-    from envs.alfworld.env import walkthrough_hint
+    from envs.alfworld.expert import walkthrough_hint
 
     plan = ["go to shelf 3", "take watch 2 from shelf 3", "go to sidetable 1", "use floorlamp 1"]
     assert walkthrough_hint(plan) == "The watch 2 is in/on the shelf 3. The floorlamp 1 is in/on the sidetable 1."
