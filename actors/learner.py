@@ -314,15 +314,17 @@ class LearnerWorker:
         return self._sync_meta
 
     def init_weight_group(self, host: str, port: int, world_size: int, backend: str, *,
-                          bucket_bytes: int, timeout_s: float | None = None) -> str | None:
-        """Rank 0 joins (and hosts) the weight group as its rank 0; other ranks do nothing.
-        Blocks until every member has joined. Returns the backend in use (rank 0)."""
+                          bucket_bytes: int, timeout_s: float | None = None,
+                          store=None) -> str | None:
+        """Rank 0 joins (and hosts, on ``store`` if it bound one already) the weight group as its
+        rank 0; other ranks do nothing. Blocks until every member has joined. Returns the backend
+        in use (rank 0)."""
         from pipeline.distributed.collective_sync import DEFAULT_TIMEOUT_S, init_group
 
         if self.rank != 0:
             return None
         self._weight_group = init_group(host, port, 0, world_size, backend,
-                                        timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+                                        timeout_s=timeout_s or DEFAULT_TIMEOUT_S, tcp=store)
         self._sync_bucket_bytes = bucket_bytes
         return self._weight_group.backend
 
@@ -368,55 +370,75 @@ def copy_tokenizer(model_path: str, out: Path) -> None:
             shutil.copy2(os.path.join(model_path, name), out / name)
 
 
-def init_process_group_env(rank: int, world_size: int, master_addr: str, master_port: int) -> None:
-    """Environment DeepSpeed reads to form the process group (set by the Ray shell, never in
-    ``LearnerWorker.__init__``)."""
+def init_process_group_env(rank: int, world_size: int, master_addr: str, store) -> None:
+    """Form DeepSpeed's process group on ``store`` (rank 0 hosts it, ``rendezvous.host_store``;
+    the others joined it). Runs in the Ray shell, never in ``LearnerWorker.__init__``."""
+    import deepspeed
+    from deepspeed.constants import default_pg_timeout
+
+    # DeepSpeed and its CPU shared-memory collectives still read these.
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
                        "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": master_addr,
-                       "MASTER_PORT": str(master_port)})
+                       "MASTER_PORT": str(store.port)})
     cuda = torch.cuda.is_available()
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
     if cuda:
         # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU(s): its device is always local 0.
         torch.cuda.set_device(0)
-    import deepspeed
+    backend = "nccl" if cuda else "gloo"
+    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                         timeout=default_pg_timeout)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the group
 
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
+
+_RENDEZVOUS_TIMEOUT_S = 900.0  # ranks start as Ray places them: minutes apart on a busy cluster
 
 
 class LearnerActor:
     """Ray shell of one learner rank: process-group setup, then the plain worker.
 
-    With ``master_addr`` the rank sets itself up at once. Without it the setup waits for
-    ``setup(master_addr, master_port)``: the driver first asks rank 0 for ``node_address()``, so the
-    ranks meet at rank 0's node wherever Ray placed it (several nodes need a real IP, not loopback).
+    The driver asks rank 0 for ``node_address()`` (rank 0 binds the group's store there and then),
+    then calls ``setup(addr, port)`` on every rank: the ranks meet at rank 0's node wherever Ray
+    placed it (several nodes need a real IP, not loopback). A single rank may be given
+    ``master_addr`` at construction instead and sets itself up at once.
     """
 
     def __init__(self, cfg: LearnerConfig, model_path: str, *, temperature: float, total_steps: int,
                  rank: int, world_size: int, seed: int, master_addr: str | None = None,
-                 master_port: int | None = None, threads: int | None = None):
+                 threads: int | None = None):
         self._args = dict(cfg=cfg, model_path=model_path, temperature=temperature,
                           total_steps=total_steps, rank=rank, world_size=world_size, seed=seed)
         self.worker: LearnerWorker | None = None
         self.threads = set_threads(threads)
+        self._store = None  # rank 0: the process group's store, bound by node_address
+        self._weight_store = None  # rank 0: the weight group's, bound by weight_group_endpoint
         if master_addr is not None:
-            self.setup(master_addr, master_port)
+            if world_size != 1:
+                raise ValueError("master_addr at construction is for one rank; several ranks "
+                                 "meet through node_address() and setup()")
+            self.setup(master_addr)
 
     def node_address(self) -> tuple[str, int]:
-        """This node's IP and a port free on it: the process group's rendezvous when rank 0."""
-        import socket
-
+        """Rank 0: this node's IP and the port of the process group's store, bound now."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        from pipeline.distributed.rendezvous import host_store
 
-    def setup(self, master_addr: str, master_port: int) -> int:
+        self._store = host_store(_RENDEZVOUS_TIMEOUT_S)
+        return ray.util.get_node_ip_address(), self._store.port
+
+    def setup(self, master_addr: str, master_port: int | None = None) -> int:
         """Join the process group (blocks until every rank has joined), build the engine."""
+        from pipeline.distributed.rendezvous import host_store, join_store
+
         a = self._args
-        init_process_group_env(a["rank"], a["world_size"], master_addr, master_port)
+        if a["rank"] == 0:
+            store = self._store or host_store(_RENDEZVOUS_TIMEOUT_S)
+        elif master_port is None:
+            raise ValueError(f"learner rank {a['rank']} needs rank 0's master_port")
+        else:
+            store = join_store(master_addr, master_port, _RENDEZVOUS_TIMEOUT_S)
+        init_process_group_env(a["rank"], a["world_size"], master_addr, store)
         self.threads = set_threads(self.threads)  # the process group setup may have reset it
         self.worker = LearnerWorker(a["cfg"], a["model_path"], temperature=a["temperature"],
                                     total_steps=a["total_steps"], rank=a["rank"],
@@ -444,18 +466,22 @@ class LearnerActor:
     # ----- collective weight sync (pipeline/distributed/collective_sync.py) ----------------------------------
     def weight_group_endpoint(self, backend: str) -> tuple[str, int, str]:
         """Where the weight group meets: this node's IP (so consumers on other nodes can reach
-        it), a free port on it, and the backend resolved here (``auto`` -> nccl if this learner
+        it), the port of its store, bound now, and the backend resolved here (``auto`` -> nccl if this learner
         sees CUDA, else gloo)."""
-        from pipeline.distributed.collective_sync import resolve_backend
+        import ray
 
-        host, port = self.node_address()
-        return host, port, resolve_backend(backend)
+        from pipeline.distributed.collective_sync import DEFAULT_TIMEOUT_S, resolve_backend
+        from pipeline.distributed.rendezvous import host_store
+
+        self._weight_store = host_store(DEFAULT_TIMEOUT_S)
+        return ray.util.get_node_ip_address(), self._weight_store.port, resolve_backend(backend)
 
     def sync_meta(self):
         return self.worker.sync_meta()
 
     def init_weight_group(self, host: str, port: int, world_size: int, backend: str, **kw):
-        return self.worker.init_weight_group(host, port, world_size, backend, **kw)
+        return self.worker.init_weight_group(host, port, world_size, backend,
+                                             store=self._weight_store, **kw)
 
     def broadcast_weights(self, version: int):
         return self.worker.broadcast_weights(version)

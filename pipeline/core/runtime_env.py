@@ -7,7 +7,6 @@ runtime env. Users can still override any of them in their environment (only uns
 from __future__ import annotations
 
 import os
-import socket
 
 
 def runtime_env_defaults() -> dict[str, str]:
@@ -40,10 +39,3 @@ def set_process_env() -> dict[str, str]:
     for k, v in runtime_env_defaults().items():
         os.environ.setdefault(k, v)
     return {k: os.environ[k] for k in KEYS if k in os.environ}
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (a process group's rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

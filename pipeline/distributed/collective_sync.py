@@ -115,14 +115,20 @@ def resolve_backend(backend: str) -> str:
 
 
 def init_group(host: str, port: int, rank: int, world_size: int, backend: str,
-               timeout_s: float = DEFAULT_TIMEOUT_S, name: str = "privy_weights") -> WeightGroup:
+               timeout_s: float = DEFAULT_TIMEOUT_S, name: str = "privy_weights",
+               tcp: dist.TCPStore | None = None) -> WeightGroup:
     """Join the weight group; blocks until all ``world_size`` members have joined, so every
-    member's call must be in flight at once (see ``LearnerGroup.init_weight_group``)."""
+    member's call must be in flight at once (see ``LearnerGroup.init_weight_group``).
+
+    Rank 0 runs the store's server: pass the one it already bound (``rendezvous.host_store``,
+    whose port cannot have been taken since), or it binds ``port`` now. The others connect and
+    retry until it is up or ``timeout_s`` passes."""
+    from pipeline.distributed.rendezvous import host_store, join_store
+
     timeout = datetime.timedelta(seconds=timeout_s)
     backend = resolve_backend(backend)
-    # Rank 0 runs the store's server; the others connect (and retry until it is up or timeout).
-    tcp = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout,
-                        wait_for_workers=False)
+    if tcp is None:
+        tcp = host_store(timeout_s, port) if rank == 0 else join_store(host, port, timeout_s)
     store = dist.PrefixStore(name, tcp)  # a namespace of our own in case the port is ever shared
     if backend == "gloo":
         pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)

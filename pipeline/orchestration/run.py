@@ -177,8 +177,8 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
         actors.append(actor)
     actors.append(placement)  # last: _kill removes the placement group after the actors
     try:
-        # The ranks meet at rank 0's node (its IP: ranks may sit on several nodes), on a port
-        # free there; every rank blocks in setup until all have joined.
+        # The ranks meet at rank 0's node (its IP: ranks may sit on several nodes), at the store
+        # it binds there; every rank blocks in setup until all have joined.
         master = ray.get(ranks[0].node_address.remote(), timeout=900)
         ray.get([rk.setup.remote(*master) for rk in ranks], timeout=900)
     except BaseException:

@@ -167,7 +167,7 @@ def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
     import os
 
     from actors.learner import LearnerWorker, copy_tokenizer, init_process_group_env
-    from pipeline.core.runtime_env import free_port
+    from pipeline.distributed.rendezvous import host_store
     from pipeline.context.student_prompts import StudentPrompts
     from pipeline.core.hardware import set_threads
     from pipeline.models import load_tokenizer
@@ -183,7 +183,7 @@ def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
         raise RuntimeError(f"warm start: the expert won none of {w.tasks} {cfg.env.name} train tasks")
     t_rows = time.time() - t0
     steps_per_epoch = -(-len(ex.rows) // w.batch_rows)
-    init_process_group_env(0, 1, "127.0.0.1", free_port())
+    init_process_group_env(0, 1, "127.0.0.1", host_store(60.0))
     learner = LearnerWorker(_learner_config(cfg), model_path, temperature=1.0,
                             total_steps=steps_per_epoch * w.epochs, seed=w.seed)
     learner.setup()

@@ -65,10 +65,17 @@ class Sender:
         # state_dict_for_sync() hands out a copy; pack() adds the checksum.
         return pack({k: v.clone() for k, v in self.sd.items()}, version)
 
-    def join(self, port: int, world: int) -> None:
+    def endpoint(self) -> int:
+        from pipeline.distributed.rendezvous import host_store
+
+        self.store = host_store(300.0)
+        return self.store.port
+
+    def join(self, world: int) -> None:
         from pipeline.distributed.collective_sync import init_group
 
-        self.group = init_group("127.0.0.1", port, 0, world, "gloo", timeout_s=300)
+        self.group = init_group("127.0.0.1", self.store.port, 0, world, "gloo", timeout_s=300,
+                                tcp=self.store)
 
     def broadcast(self, version: int, bucket_bytes: int) -> dict:
         from pipeline.distributed.collective_sync import broadcast_state_dict
@@ -133,11 +140,9 @@ def main() -> None:
 
         out["object_store_s"], _ = timed(object_store, args.repeats)
 
-        from pipeline.core.runtime_env import free_port
-
         world = 1 + len(receivers)
-        port = free_port()
-        ray.get([sender.join.remote(port, world)]
+        port = ray.get(sender.endpoint.remote(), timeout=600)
+        ray.get([sender.join.remote(world)]
                 + [r.join.remote(port, i + 1, world, meta) for i, r in enumerate(receivers)], timeout=600)
         out["collective"] = {}
         for mb in [int(x) for x in args.buckets_mb.split(",")]:

@@ -48,11 +48,10 @@ def _batch(model_dir, lengths: list[tuple[int, int]], seed: int = 0) -> tuple[Tr
 def _train(ray, model_dir, minibatches: list[TrainBatch], cfg: LearnerConfig):
     """A fresh rank-0 learner takes one train_step; returns (metrics, weights)."""
     from actors.learner import LearnerActor
-    from pipeline.core.runtime_env import free_port
 
     actor = ray.remote(LearnerActor).options(num_cpus=0.5).remote(
         cfg, str(model_dir), temperature=1.0, total_steps=10, rank=0, world_size=1, seed=0,
-        master_addr="127.0.0.1", master_port=free_port(), threads=1)
+        master_addr="127.0.0.1", threads=1)
     try:
         ray.get(actor.ping.remote(), timeout=TIMEOUT)
         metrics = asyncio.run(asyncio.wait_for(LearnerGroup([actor], pad_id=0).train_step(minibatches), TIMEOUT))

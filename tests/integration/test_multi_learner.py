@@ -107,17 +107,16 @@ def _step(ray, model_dir, batch: TrainBatch, *, world_size: int, zero_stage: int
     LearnerGroup, return (metrics, rank-0 weights); always kill the actors."""
     from actors.learner import LearnerActor
     from pipeline.core.microbatch import slice_rows
-    from pipeline.core.runtime_env import free_port
-
-    port = free_port()
     cls = ray.remote(LearnerActor)
     env = {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
     t0 = time.time()
     ranks = [cls.options(num_cpus=0.5, runtime_env=env).remote(
         _cfg(zero_stage, budget), str(model_dir), temperature=1.0, total_steps=10, rank=r,
-        world_size=world_size, seed=0, master_addr="127.0.0.1", master_port=port)
-        for r in range(world_size)]
+        world_size=world_size, seed=0) for r in range(world_size)]
     try:
+        # The production rendezvous: rank 0 binds the store, every rank joins it.
+        _, port = ray.get(ranks[0].node_address.remote(), timeout=TIMEOUT)
+        ray.get([rk.setup.remote("127.0.0.1", port) for rk in ranks], timeout=TIMEOUT)
         ray.get([rk.ping.remote() for rk in ranks], timeout=TIMEOUT)
         t1 = time.time()
         group = LearnerGroup(ranks, pad_id=0)

@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
@@ -30,12 +29,6 @@ BASE = ["model=tiny", "env=keyword", "rollout.max_new_tokens=8", "rollout.group_
 TIMEOUT = 300
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ----- consumers, in process ---------------------------------------------------------------------
 def test_rollout_worker_and_scorer_apply_only_checked_weights(tiny_model_dir):
     from actors.rollout import RolloutWorker
@@ -52,11 +45,14 @@ def test_rollout_worker_and_scorer_apply_only_checked_weights(tiny_model_dir):
     bad = {k: v.clone() for k, v in new.items()}
     name = next(iter(bad))
     bad[name].view(-1)[0] += 1.0
-    meta, bucket, port = meta_of(new), 1 << 20, _free_port()
+    from pipeline.distributed.rendezvous import host_store
+
+    store = host_store(60.0)
+    meta, bucket, port = meta_of(new), 1 << 20, store.port
     seen: dict = {}
 
     def sender():
-        g = init_group("127.0.0.1", port, 0, 3, "gloo", timeout_s=60)
+        g = init_group("127.0.0.1", port, 0, 3, "gloo", timeout_s=60, tcp=store)
         send_buckets(g, bad, plan_buckets(meta, bucket), g.device)  # v1: payload != trailer
         _broadcast(g, _trailer(1, new, g.device))
         seen["stats"] = broadcast_state_dict(g, new, 2, bucket, meta=meta)  # v2: good

@@ -8,7 +8,6 @@ the trailer's checksum, or counts that differ, and must return nothing in that c
 from __future__ import annotations
 
 import io
-import socket
 import threading
 import traceback
 
@@ -17,6 +16,7 @@ import torch
 
 from pipeline.distributed.collective_sync import (Bucket, broadcast_state_dict, init_group, meta_of,
                                       plan_buckets, receive_state_dict, send_buckets)
+from pipeline.distributed.rendezvous import host_store
 from pipeline.distributed.weight_sync import WeightSyncError, _checksum
 
 F32, BF16 = torch.float32, torch.bfloat16
@@ -79,12 +79,6 @@ def test_plan_rejects_a_non_positive_bucket():
 
 
 # ----- real broadcasts ---------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
     """Mixed dtypes (fp32, bf16, fp16, int64, a 0-d tensor) with one tensor over 1 KiB (the
     bucket size the tests use) and a non-contiguous one."""
@@ -122,7 +116,8 @@ def test_round_trip_between_three_processes():
 
     sd = _state_dict()
     meta = meta_of(sd)
-    port, world, version = _free_port(), 3, 5
+    store, world, version = host_store(TIMEOUT_S), 3, 5  # bound before anyone needs its port
+    port = store.port
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_receiver, args=(r, port, world, meta, version, q), daemon=True)
@@ -130,7 +125,7 @@ def test_round_trip_between_three_processes():
     for p in procs:
         p.start()
     try:
-        group = init_group("127.0.0.1", port, 0, world, "gloo", timeout_s=TIMEOUT_S)
+        group = init_group("127.0.0.1", port, 0, world, "gloo", timeout_s=TIMEOUT_S, tcp=store)
         stats = broadcast_state_dict(group, sd, version, BUCKET)
         got = sorted([q.get(timeout=TIMEOUT_S) for _ in procs], key=lambda x: x[0])
     finally:
@@ -154,12 +149,14 @@ def test_round_trip_between_three_processes():
 def _run_members(fns, timeout: float = TIMEOUT_S) -> list:
     """Run ``fns[r](group_r)`` for every rank r in threads of this process; return results or
     the exceptions raised."""
-    port, world = _free_port(), len(fns)
+    store, world = host_store(timeout), len(fns)
+    port = store.port
     out: list = [None] * world
 
     def member(r):
         try:
-            group = init_group("127.0.0.1", port, r, world, "gloo", timeout_s=timeout)
+            group = init_group("127.0.0.1", port, r, world, "gloo", timeout_s=timeout,
+                               tcp=store if r == 0 else None)
             out[r] = fns[r](group)
         except BaseException as e:  # noqa: BLE001
             out[r] = e
