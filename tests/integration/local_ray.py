@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -91,10 +92,10 @@ def _ready(head: Head) -> bool:
     return st.returncode == 0 and "CPU" in st.stdout
 
 
-@contextlib.contextmanager
-def ray_head(num_cpus: int = 2, dashboard: bool = False, timeout: float = 120) -> Iterator[Head]:
-    """Start a head node, wait until it answers, yield it, stop its whole process tree."""
-    temp = tempfile.mkdtemp(prefix="privy-ray-", dir="/tmp")  # short: unix socket paths (108 bytes)
+def _start(num_cpus: int, dashboard: bool, timeout: float, temp: str):
+    """Start ``ray start --head --block`` and wait until it answers; returns (proc, head, log) or
+    raises. The ports are picked free but only bound by Ray later, so another socket can take one
+    in between: the caller retries on a port clash."""
     gcs, dash, client, agent, agent_grpc, rt_agent, metrics = free_ports(7)
     cmd = [RAY, "start", "--head", "--block", f"--port={gcs}", f"--ray-client-server-port={client}",
            f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
@@ -110,11 +111,43 @@ def ray_head(num_cpus: int = 2, dashboard: bool = False, timeout: float = 120) -
     try:
         while not _ready(head):
             if proc.poll() is not None:
-                raise RuntimeError(f"ray start exited {proc.returncode}: {log_path.read_text()[-3000:]}")
+                text = log_path.read_text()
+                raise (_PortClash if _PORT_CLASH.search(text) else RuntimeError)(
+                    f"ray start exited {proc.returncode}: {text[-3000:]}")
             if time.monotonic() - t0 > timeout:
                 raise RuntimeError(f"the Ray head did not come up within {timeout:.0f} s")
             time.sleep(0.5)
-        head.start_seconds = time.monotonic() - t0
+    except BaseException:
+        stop_tree(proc)
+        log.close()
+        raise
+    head.start_seconds = time.monotonic() - t0
+    return proc, head, log
+
+
+class _PortClash(RuntimeError):
+    pass
+
+
+_PORT_CLASH = re.compile(r"(?i)address already in use|already in use|failed to bind|EADDRINUSE")
+
+
+@contextlib.contextmanager
+def ray_head(num_cpus: int = 2, dashboard: bool = False, timeout: float = 120) -> Iterator[Head]:
+    """Start a head node, wait until it answers, yield it, stop its whole process tree."""
+    temp = tempfile.mkdtemp(prefix="privy-ray-", dir="/tmp")  # short: unix socket paths (108 bytes)
+    try:
+        for attempt in range(3):
+            try:
+                proc, head, log = _start(num_cpus, dashboard, timeout, temp)
+                break
+            except _PortClash:
+                if attempt == 2:
+                    raise
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    try:
         yield head
     finally:
         left = stop_tree(proc)
