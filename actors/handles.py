@@ -14,16 +14,95 @@ from pipeline.core.types import TrainBatch
 from pipeline.distributed.weight_sync import WeightSyncError
 
 
+# ----- actors Ray restarts -----------------------------------------------------------------------
+class ActorDied(RuntimeError):
+    """The process of a restartable actor died while a call was in flight (``cluster.max_restarts``:
+    Ray starts a new one). ``generation`` is the handle's at the call's start: ``revive`` restores
+    the actor once per death, however many callers saw it."""
+
+    def __init__(self, handle, generation: int, cause: BaseException):
+        super().__init__(f"{handle.name} died ({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})")
+        self.handle, self.generation, self.cause = handle, generation, cause
+
+
+class WeightsLost(RuntimeError):
+    """Raised by a consumer asked to work with weights older than the last published ones: a
+    process Ray restarted while it was idle (no call in flight saw the death) holds the initial
+    weights. Treated as a death: revived, then the work is done again."""
+
+
+def _is_death(e: BaseException) -> bool:
+    import ray.exceptions as rx
+
+    return isinstance(e, (rx.RayActorError, WeightsLost))
+
+
+class Restartable:
+    """What a consumer handle needs to survive its actor's death: calls that turn the death into
+    ``ActorDied``, and ``revive``, which waits for Ray's new process and gives it the last
+    published weights (a fresh process holds the initial ones)."""
+
+    wants_weights = True
+    restart_timeout_s = 900.0  # a restart reloads the model (vLLM: minutes on a busy node)
+
+    def _init_restartable(self, actor, name: str) -> None:
+        self.actor, self.name = actor, name
+        self.generation = 0  # deaths revived so far
+        self._revive_lock: asyncio.Lock | None = None
+
+    async def _call(self, method: str, *a, **kw):
+        gen = self.generation
+        try:
+            return await getattr(self.actor, method).remote(*a, **kw)
+        except Exception as e:
+            if _is_death(e):
+                raise ActorDied(self, gen, e) from e
+            raise
+
+    async def revive(self, generation: int, weights) -> bool:
+        """Bring the actor back after the death seen at ``generation``; ``weights`` is the last
+        published packet's ref (None: the initial weights are current). Returns whether this call
+        restored it (False: another caller already had). Raises RuntimeError when Ray will not
+        restart it (``cluster.max_restarts`` used up)."""
+        import ray.exceptions as rx
+
+        self._revive_lock = self._revive_lock or asyncio.Lock()
+        async with self._revive_lock:
+            if self.generation > generation:
+                return False
+            deadline = time.monotonic() + self.restart_timeout_s
+            while True:  # calls made while Ray restarts it wait or report it unavailable
+                try:
+                    await self.actor.hardware.remote()
+                    break
+                except rx.ActorUnavailableError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{self.name} did not come back within "
+                                           f"{self.restart_timeout_s:g} s of dying") from None
+                    await asyncio.sleep(1.0)
+                except rx.RayActorError as e:
+                    raise RuntimeError(f"{self.name} died and Ray will not restart it "
+                                       f"(cluster.max_restarts used up): {e}") from None
+            if weights is not None and self.wants_weights:
+                await self.actor.set_weights.remote(weights)
+            self.generation += 1
+            return True
+
+
 # ----- rollout -----------------------------------------------------------------------------------
-class RayRollout:
-    def __init__(self, actor):
-        self.actor = actor
+class RayRollout(Restartable):
+    def __init__(self, actor, name: str = "rollout worker"):
+        self._init_restartable(actor, name)
 
     async def run_group(self, **kw):
-        return await self.actor.run_group.remote(**kw)
+        return await self._call("run_group", **kw)
 
-    async def set_weights(self, packet_or_ref) -> int:
-        return await self.actor.set_weights.remote(packet_or_ref)
+    async def set_weights(self, packet_or_ref) -> int | None:
+        """None when the actor died: ``revive`` gives its new process the weights."""
+        try:
+            return await self._call("set_weights", packet_or_ref)
+        except ActorDied:
+            return None
 
     async def sleep(self) -> None:
         await self.actor.sleep.remote()
@@ -50,6 +129,7 @@ class LearnerGroup:
         self.ranks = ranks
         self.pad_id = pad_id
         self.weight_group: dict | None = None  # set by init_weight_group: publish broadcasts
+        self.last_packet = None  # the object-store ref of the last published weights
         self._packet_nbytes: int | None = None
 
     async def train_step(self, minibatches: list[TrainBatch]) -> dict[str, float]:
@@ -101,7 +181,7 @@ class LearnerGroup:
         # Every rank takes part (ZeRO-3 gathers collectively); rank 0's packet is put once in the
         # object store and read by every consumer.
         refs = [rk.weight_packet.remote(version) for rk in self.ranks]
-        ref = refs[0]
+        ref = self.last_packet = refs[0]  # kept: a restarted consumer gets it (Restartable.revive)
         consumers = [c.set_weights(ref) for c in self._consumers(workers, scorer)]
         await asyncio.gather(*consumers, *refs[1:])
         out = {"sync/seconds": time.time() - t0, "sync/version": version}

@@ -33,6 +33,7 @@ from pipeline.core.types import Episode, EpisodeGroup, StopReason, TurnRecord
 from pipeline.distributed.weight_sync import WeightPacket, verify
 
 from actors.engines.base import request_seed
+from actors.handles import WeightsLost
 from actors.turn_batcher import Request, Sampling, TurnBatcher
 
 
@@ -55,7 +56,8 @@ class RolloutWorker:
         self.prompts = StudentPrompts(self.tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
                                       history_length=env_cfg.history_length)
         self._pending: tuple[dict, int] | None = None
-        self._lock = threading.Lock()  # guards _pending
+        self._lock = threading.Lock()  # guards _pending and _received
+        self._received = 0  # the newest weights version received (queued or applied)
         # Only the batcher's thread touches the engine (it is not thread-safe).
         self.batcher = TurnBatcher(engine, max_batch=cfg.max_batch, max_tokens=cfg.max_batch_tokens,
                                    apply_weights=self.apply_pending_weights, wait_s=cfg.batch_wait_s)
@@ -79,6 +81,7 @@ class RolloutWorker:
         verify(packet)  # completeness + checksum; the engine load is strict on names
         with self._lock:
             self._pending = (packet.state_dict, packet.version)
+            self._received = max(self._received, packet.version)
         return packet.version
 
     def apply_pending_weights(self) -> bool:
@@ -105,6 +108,7 @@ class RolloutWorker:
         sd = self._receiver.receive(version)
         with self._lock:
             self._pending = (sd, version)
+            self._received = max(self._received, version)
         return version
 
     def weights_checksums(self) -> tuple[int, dict[str, float]]:
@@ -143,9 +147,15 @@ class RolloutWorker:
 
     # ----- one group -----------------------------------------------------------------------------
     def run_group(self, *, task_seed: int, split: str, group_size: int, temperature: float,
-                  sample_seed: int, max_turns: int | None = None, view: StudentView | None = None) -> EpisodeGroup:
+                  sample_seed: int, max_turns: int | None = None, view: StudentView | None = None,
+                  min_version: int = 0) -> EpisodeGroup:
         """Play one group (blocking; groups run concurrently in the actor's threads); ``view``
-        puts privileged context into the student's own prompts."""
+        puts privileged context into the student's own prompts. Raises WeightsLost if this process
+        never received weights ``min_version`` (the last published): Ray restarted it."""
+        with self._lock:
+            if self._received < min_version:
+                raise WeightsLost(f"rollout worker {self.worker_id} holds weights v{self._received}, "
+                                  f"v{min_version} were published: its process was restarted")
         t0 = time.time()
         envs: list[TextEnv | None] = [None] * group_size
         try:

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from actors.handles import ActorDied, Restartable, WeightsLost
 from pipeline.algorithm.logprobs import forward_response
 from pipeline.context.prompts import TeacherPrompts
 from pipeline.context.providers import TeacherSpec
@@ -65,9 +66,13 @@ class TeacherScorerWorker:
         return self.version
 
     @torch.no_grad()
-    def score(self, items: list[tuple[list[int], list[int]]]) -> tuple[list[list[float]], int]:
+    def score(self, items: list[tuple[list[int], list[int]]], min_version: int = 0) -> tuple[list[list[float]], int]:
         """``items`` = (privileged prompt ids, response ids); returns per-token log-probs and the
-        weights version that scored them."""
+        weights version that scored them. Raises WeightsLost below ``min_version`` (a self-teacher
+        Ray restarted: it holds the initial weights)."""
+        if self.version < min_version:
+            raise WeightsLost(f"the teacher scorer holds weights v{self.version}, v{min_version} "
+                              f"were published: its process was restarted")
         if not items:
             return [], self.version
         batch = _batch(items)
@@ -97,18 +102,23 @@ def _batch(items: list[tuple[list[int], list[int]]]) -> TrainBatch:
                       behaviour_logprobs=zeros, advantages=zeros)
 
 
-class TeacherScorer:
+class TeacherScorer(Restartable):
     """Driver-side handle: which rows, which prompts; ``actor`` is a Ray handle of the worker."""
 
     def __init__(self, actor, spec: TeacherSpec, prompts: TeacherPrompts):
-        self.actor, self.spec, self.prompts = actor, spec, prompts
+        self._init_restartable(actor, "teacher scorer")
+        self.spec, self.prompts = spec, prompts
 
     @property
     def wants_weights(self) -> bool:
         return self.spec.source == "self"
 
-    async def set_weights(self, packet_or_ref) -> int:
-        return await self.actor.set_weights.remote(packet_or_ref)
+    async def set_weights(self, packet_or_ref) -> int | None:
+        """None when the actor died: ``revive`` gives its new process the weights."""
+        try:
+            return await self._call("set_weights", packet_or_ref)
+        except ActorDied:
+            return None
 
     async def init_weight_group(self, *a, **kw) -> int:
         return await self.actor.init_weight_group.remote(*a, **kw)
@@ -131,10 +141,12 @@ class TeacherScorer:
                     items.append((ids, row.response_ids))
         return rows, items
 
-    async def score(self, groups: list[EpisodeGroup], step: int) -> tuple[list[EpisodeGroup], dict]:
+    async def score(self, groups: list[EpisodeGroup], step: int,
+                    min_version: int = 0) -> tuple[list[EpisodeGroup], dict]:
+        """``min_version``: the last published weights (a self-teacher must hold them)."""
         t0 = time.time()
         rows, items = self._items(groups)
-        lps, version = await self.actor.score.remote(items)
+        lps, version = await self._call("score", items, min_version if self.wants_weights else 0)
         for row, lp in zip(rows, lps):
             row.teacher_logprobs, row.teacher_version = lp, version
         lengths = [len(ids) for ids, _ in items]

@@ -152,6 +152,10 @@ class ClusterConfig:
     weight_sync: str = "object_store"  # object_store | collective
     sync_backend: str = "auto"  # auto (nccl with CUDA, else gloo) | gloo | nccl
     sync_bucket_mb: int = 256  # bytes per broadcast bucket, in MiB
+    # Restarts of each rollout worker and of the teacher scorer after its process dies (Ray's
+    # max_restarts); the groups it was playing are replayed from their task seeds. 0: a death
+    # stops the run (resume it from its last checkpoint).
+    max_restarts: int = 3
 
 
 @dataclass
@@ -302,6 +306,7 @@ def validate(cfg: PrivyConfig) -> None:
              f"cluster.weight_sync={c.weight_sync!r}: object_store | collective")
     _require(c.sync_backend in ("auto", "gloo", "nccl"), f"cluster.sync_backend={c.sync_backend!r}: auto | gloo | nccl")
     _require(c.sync_bucket_mb >= 1, "cluster.sync_bucket_mb must be >= 1")
+    _require(c.max_restarts >= 0, f"cluster.max_restarts={c.max_restarts}: must be >= 0")
     _require(not (c.colocate and c.weight_sync == "collective" and c.sync_backend != "gloo"),
              "cluster.colocate=true puts learner rank 0 and rollout engine 0 on one GPU, and NCCL "
              "refuses two ranks of a group on one device: use cluster.weight_sync=object_store or "

@@ -29,12 +29,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.orchestration.batches import build_train_batch, minibatch_bounds, rows_of
-from pipeline.orchestration.buffer import GroupBuffer
+from actors.handles import ActorDied
 from pipeline.core.config import PrivyConfig
 from pipeline.core.microbatch import slice_rows
 from pipeline.core.types import EpisodeGroup
 from pipeline.distributed.weight_sync import WeightSyncError
+from pipeline.orchestration.batches import build_train_batch, minibatch_bounds, rows_of
+from pipeline.orchestration.buffer import GroupBuffer
+from pipeline.orchestration.logging import EventLog
 
 
 class Aborted(Exception):
@@ -54,17 +56,22 @@ class ControllerState:
     next_task: int = 0  # index of the next training task to start
     in_flight: list[int] = field(default_factory=list)  # task indices started, not yet buffered
     rollout_busy_s: float = 0.0  # wall time with at least one group in play
+    restarts: int = 0  # rollout workers / the scorer brought back after their process died
+    replayed: int = 0  # groups lost with a dead worker and played again from their task seed
 
 
 class Controller:
     def __init__(self, cfg: PrivyConfig, *, learner, workers: list, method, logger, checkpointer=None,
                  scorer=None, progress=None, state: ControllerState | None = None,
-                 buffer_state: dict | None = None):
+                 buffer_state: dict | None = None, events: EventLog | None = None):
         self.cfg = cfg
+        self.events = events or EventLog(None)
         self.learner, self.workers, self.method = learner, workers, method
         self.scorer, self.logger, self.checkpointer = scorer, logger, checkpointer
         self.progress = progress
         self.state = state or ControllerState()
+        # Consumers must hold at least these weights (a resumed run publishes them before it starts).
+        self._published = self.state.step
         t = cfg.trainer
         self.buffer = GroupBuffer(groups_per_step=t.groups_per_step, max_policy_lag=t.max_policy_lag)
         if buffer_state is not None:
@@ -135,9 +142,20 @@ class Controller:
                 group = await worker.run_group(
                     task_seed=task_seed(cfg.trainer.seed, idx), split=cfg.env.train_split,
                     group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature,
-                    sample_seed=cfg.trainer.seed * 7919 + idx, view=self.method.student_view())
+                    sample_seed=cfg.trainer.seed * 7919 + idx, view=self.method.student_view(),
+                    min_version=self._published)
                 if self._teacher_wanted(ticket.deadline):
                     group = await self._score(group)
+            except ActorDied as e:
+                # The worker's process died mid-group: nothing of the group is kept; the task is
+                # played again, first, from its seed, once Ray has restarted the worker.
+                await self.buffer.release_start(ticket)
+                st.in_flight.remove(idx)
+                self._retry.insert(0, idx)
+                st.replayed += 1
+                self.events.record("replay", step=st.step, task=idx, actor=e.handle.name)
+                await self._revive(e)
+                continue
             except BaseException:
                 await self.buffer.release_start(ticket)
                 raise
@@ -159,9 +177,25 @@ class Controller:
         return self.scorer is not None and any(self.method.teacher_active(s)
                                                for s in range(self.state.step, deadline + 1))
 
+    async def _revive(self, died: ActorDied) -> None:
+        """Wait for Ray to restart the actor that died and give it the current weights."""
+        if getattr(self.learner, "weight_group", None) is not None:
+            raise RuntimeError(f"{died}: with cluster.weight_sync=collective a restarted process cannot "
+                               f"rejoin the weight group; resume with trainer.resume=RUN_DIR") from died
+        if await died.handle.revive(died.generation, getattr(self.learner, "last_packet", None)):
+            self.state.restarts += 1
+            self.events.record("restart", step=self.state.step, actor=died.handle.name,
+                               cause=str(died.cause).splitlines()[0][:300] if str(died.cause) else "")
+
     async def _score(self, group: EpisodeGroup) -> EpisodeGroup:
+        """Teacher log-probs for the group; if the scorer dies, the same group once it is back."""
         t0 = time.time()
-        [group], m = await self.scorer.score([group], self.state.step)
+        while True:
+            try:
+                [group], m = await self.scorer.score([group], self.state.step, self._published)
+                break
+            except ActorDied as e:
+                await self._revive(e)
         group.teacher_seconds += time.time() - t0
         group.teacher_prompt_tokens += m["teacher/prompt_tokens_sum"]
         return group
@@ -233,11 +267,12 @@ class Controller:
             raise WeightSyncError(f"stopping the run: syncing the weights of step {version} failed "
                                   f"({cause}); resume from the last checkpoint") from e
         t5 = time.time()
-        st.step = version
+        st.step = self._published = version
         metrics.update(credit.metrics)
         metrics.update(sync_m)
         metrics.update(rollout_metrics(groups, self.method.invalid_action_penalty))
         metrics.update(self.buffer.stats.as_metrics())
+        metrics.update({"faults/restarts": st.restarts, "faults/replayed_groups": st.replayed})
         self._playing(0)  # bring the busy time up to now
         step_s, busy = t5 - t0, st.rollout_busy_s - busy0
         gen_tokens = sum(g.n_generated_tokens for g in groups)
@@ -299,9 +334,14 @@ class Controller:
         async def one(i: int, view):
             if view is None and keep is not None:
                 return keep[i]
-            return await self.workers[i % len(self.workers)].run_group(
-                task_seed=i, split=cfg.env.val_split, group_size=1, temperature=temperature,
-                sample_seed=10_000 + i, view=view)
+            while True:  # a worker that dies mid-episode plays it again once restarted
+                try:
+                    return await self.workers[i % len(self.workers)].run_group(
+                        task_seed=i, split=cfg.env.val_split, group_size=1, temperature=temperature,
+                        sample_seed=10_000 + i, view=view, min_version=self._published)
+                except ActorDied as e:
+                    self.events.record("replay", step=self.state.step, task=f"val{i}", actor=e.handle.name)
+                    await self._revive(e)
 
         return list(await asyncio.gather(*[one(i, v) for i, v in enumerate(views)]))
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,26 @@ class MetricsLogger:
     def close(self) -> None:
         for s in self.sinks:
             s.close()
+
+
+class EventLog:
+    """``events.jsonl`` in the run directory: one line per fault the run survived (a restart, a
+    replayed group, a skipped step), each also printed as one line on stderr. ``path=None``: print
+    only."""
+
+    def __init__(self, path: Path | None):
+        self._f = open(path, "a", buffering=1) if path is not None else None
+
+    def record(self, event: str, **fields: Any) -> None:
+        row = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "event": event, **fields}
+        if self._f is not None:
+            self._f.write(json.dumps(row, default=str) + "\n")
+        detail = ", ".join(f"{k}={v}" for k, v in fields.items())
+        print(f"privy-rl: {event}: {detail}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
 
 
 def make_logger(cfg, run_dir: Path, config_dict: dict, resume_id: str | None = None) -> MetricsLogger:

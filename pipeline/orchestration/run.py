@@ -154,10 +154,14 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
         seed=cfg.trainer.seed, threads=n_threads)
         for r in range(cfg.learner.num_learners)]
     tok = load_tokenizer(model_path, cfg.model.chat_template)
+    # A rollout worker or the scorer whose process dies is restarted by Ray (its constructor runs
+    # again); the controller replays what it lost and gives it the current weights.
+    restarts = cfg.cluster.max_restarts
     rollout_cls = ray.remote(max_concurrency=rollout_concurrency(cfg))(RolloutWorker)
-    workers = [RayRollout(rollout_cls.options(**placement.rollout(i), runtime_env=threads).remote(
-        cfg.rollout, cfg.env, model_path, worker_id=i, threads=n_threads, chat_template=cfg.model.chat_template))
-        for i in range(cfg.rollout.num_workers)]
+    workers = [RayRollout(rollout_cls.options(**placement.rollout(i), runtime_env=threads,
+                                              max_restarts=restarts).remote(
+        cfg.rollout, cfg.env, model_path, worker_id=i, threads=n_threads, chat_template=cfg.model.chat_template),
+        name=f"rollout worker {i}") for i in range(cfg.rollout.num_workers)]
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     # The teacher prompt may exceed the student's budget by the privileged text, never the model.
     max_total = int(getattr(_model_config(model_path), "max_position_embeddings", 8192))
@@ -168,7 +172,8 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
     if spec is not None:
         path = model_path if spec.source == "self" else spec.frozen_path
         # The scorer works while the learner waits for it (or between steps): no CPU reservation.
-        actor = ray.remote(TeacherScorerWorker).options(**placement.scorer(), runtime_env=threads).remote(
+        actor = ray.remote(TeacherScorerWorker).options(**placement.scorer(), runtime_env=threads,
+                                                        max_restarts=restarts).remote(
             path, temperature=cfg.rollout.temperature,
             micro_batch_tokens=cfg.scorer.micro_batch_tokens or cfg.learner.micro_batch_tokens,
             precision=cfg.scorer.precision, device="cuda" if cfg.scorer.num_gpus > 0 else "cpu",
@@ -232,7 +237,7 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
 
     from pipeline.orchestration.checkpoint import Checkpointer, load_state, resolve_checkpoint
     from pipeline.orchestration.controller import Controller, ControllerState
-    from pipeline.orchestration.logging import make_logger
+    from pipeline.orchestration.logging import EventLog, make_logger
     from pipeline.models import resolve_model
 
     set_process_env()
@@ -276,7 +281,8 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     progress = Progress(cfg.trainer.total_steps, start_step, cfg.logger.progress)
     controller = Controller(cfg, learner=learner, workers=workers, method=method, logger=logger,
                             checkpointer=Checkpointer(run_dir, cfg.trainer.keep_checkpoints, extra),
-                            scorer=scorer, progress=progress, state=state, buffer_state=buffer_state)
+                            scorer=scorer, progress=progress, state=state, buffer_state=buffer_state,
+                            events=EventLog(run_dir / "events.jsonl"))
     if resume_state is not None:
         # Rollout workers (and a self-teacher) start from the initial weights: sync them first.
         asyncio.run(learner.publish(start_step, workers, scorer))
@@ -303,6 +309,7 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     finally:
         progress.close()
         logger.close()
+        controller.events.close()
         _kill(actors)
     summary = {"steps": controller.state.step, "seconds": time.time() - t0,
                "first": history[0] if history else {}, "last": history[-1] if history else {}}

@@ -210,7 +210,7 @@ class FakeScorer:
     def __init__(self, delay: float):
         self.delay, self.version, self.calls = delay, 0, []
 
-    async def score(self, groups, step):
+    async def score(self, groups, step, min_version=0):
         self.calls.append((asyncio.current_task().get_name(), groups[0].seed))
         await asyncio.sleep(self.delay)
         for g in groups:
@@ -260,3 +260,123 @@ def test_fake_groups_are_scored_as_they_complete_so_the_learner_never_waits_on_t
     assert len(scored) == len(set(scored))  # each group once
     assert {g.seed for step in trained for g in step} <= set(scored)
     assert all(h["teacher/rows_scored_frac"] == 1.0 for h in history)
+
+
+# ----- a worker whose process dies (Ray restarts it: actors.handles.Restartable) ------------------
+class DyingWorker(FakeWorker):
+    """Dies mid-group once, at its ``die_at``-th group: the call raises ActorDied as the Ray handle
+    does; ``revive`` then gives the new process the last published weights."""
+
+    def __init__(self, delay: float, die_at: int):
+        super().__init__(delay)
+        self.name, self.generation, self.die_at, self.calls = "rollout worker 0", 0, die_at, 0
+        self.revived, self.lost_seeds = [], []
+
+    async def run_group(self, **kw):
+        from actors.handles import ActorDied
+
+        self.calls += 1
+        if self.calls == self.die_at:
+            await asyncio.sleep(self.delay / 2)
+            self.lost_seeds.append(kw["task_seed"])
+            self.version = 0  # a new process holds the initial weights
+            raise ActorDied(self, self.generation, RuntimeError("SIGKILL"))
+        assert self.version >= kw["min_version"], "played on weights older than the published ones"
+        return await super().run_group(**kw)
+
+    async def revive(self, generation, weights):
+        if self.generation > generation:
+            return False
+        self.generation += 1
+        self.revived.append(weights)
+        self.version = weights if weights is not None else 0
+        return True
+
+
+class PacketLearner(FakeLearner):
+    """Keeps the last published 'packet' (here its version) as the Ray LearnerGroup does."""
+
+    last_packet = None
+
+    async def publish(self, version, workers, scorer=None):
+        self.last_packet = version
+        return await super().publish(version, workers, scorer)
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_fake_a_dead_worker_is_revived_and_its_group_replayed_from_the_same_seed(lag):
+    worker = DyingWorker(0.01, die_at=3)
+    learner = PacketLearner(0.01)
+    ctl, history = run(make_cfg(lag=lag, steps=4), [worker], learner)
+    assert ctl.state.step == 4 and len(history) == 4
+    # Revived once, with the weights published last (step 1's at lag 0: calls 1-2 are step 1's
+    # groups; at lag 1 the third group may start before that publish).
+    assert worker.revived == [1] if lag == 0 else worker.revived in ([None], [1])
+    # The lost group is played again, whole, from its task seed; every trained group is complete.
+    assert worker.lost_seeds[0] in worker.seeds
+    assert sorted(worker.seeds) == sorted(set(worker.seeds))
+    assert ctl.state.restarts == 1 and ctl.state.replayed == 1
+    assert history[-1]["faults/restarts"] == 1 and history[-1]["faults/replayed_groups"] == 1
+
+
+def test_fake_a_death_seen_by_several_loops_revives_the_worker_once():
+    """Two groups in flight on one worker when it dies: both are replayed, one revive."""
+    from actors.handles import ActorDied
+
+    class TwoDie(DyingWorker):
+        async def run_group(self, **kw):
+            self.calls += 1
+            if self.calls in (3, 4):
+                gen = self.generation
+                await asyncio.sleep(self.delay)
+                self.lost_seeds.append(kw["task_seed"])
+                raise ActorDied(self, gen, RuntimeError("SIGKILL"))
+            return await FakeWorker.run_group(self, **kw)
+
+    worker = TwoDie(0.02, die_at=0)
+    ctl, _ = run(make_cfg(lag=1, steps=4), [worker], PacketLearner(0.01))
+    assert ctl.state.restarts == 1 and ctl.state.replayed == 2
+    assert set(worker.lost_seeds) <= set(worker.seeds)
+
+
+def test_fake_a_worker_that_cannot_be_restarted_stops_the_run_with_the_cause():
+    class Gone(DyingWorker):
+        async def revive(self, generation, weights):
+            raise RuntimeError("rollout worker 0 died and Ray will not restart it (cluster.max_restarts used up)")
+
+    with pytest.raises(RuntimeError, match="max_restarts used up"):
+        run(make_cfg(lag=0), [Gone(0.01, die_at=2)], PacketLearner(0.0))
+
+
+def test_fake_a_dead_scorer_is_revived_and_the_same_group_scored_never_trained_without_it():
+    from actors.handles import ActorDied
+
+    class DyingScorer(FakeScorer):
+        name, generation, died = "teacher scorer", 0, 0
+
+        async def score(self, groups, step, min_version=0):
+            if self.died == 0 and len(self.calls) == 2:
+                self.died = 1
+                raise ActorDied(self, self.generation, RuntimeError("SIGKILL"))
+            return await super().score(groups, step, min_version)
+
+        async def revive(self, generation, weights):
+            self.generation += 1
+            self.version = weights or 0
+            return True
+
+    scorer = DyingScorer(0.0)
+    trained = []
+
+    class Learner(PacketLearner):
+        async def train_step(self, minibatches):
+            trained.extend(mb for mb in minibatches)
+            return await super().train_step(minibatches)
+
+    cfg = make_cfg(lag=0, steps=3)
+    method = build_method({"name": "sdar"}, invalid_action_penalty=0.1)
+    ctl = Controller(cfg, learner=Learner(0.0), workers=[FakeWorker(0.01)], method=method,
+                     logger=MetricsLogger([]), scorer=scorer)
+    asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
+    assert scorer.died == 1 and ctl.state.step == 3 and ctl.state.restarts == 1 and ctl.state.replayed == 0
+    assert all("teacher_logprobs" in mb.aux for mb in trained)
