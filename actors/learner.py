@@ -95,6 +95,7 @@ class LearnerWorker:
         self.ref_model = None
         self.precision = None  # PrecisionChoice, resolved in setup() where the device is known
         self._carried = [0, 0]  # this step's (attended, padded) tokens through the forward passes
+        self._skipped = 0  # this step's discarded optimizer updates
 
     # ----- setup ---------------------------------------------------------------------------------
     def setup(self) -> dict:
@@ -178,7 +179,7 @@ class LearnerWorker:
         self.module.train()
         # Rollout workers send CPU tensors; the forward runs where the weights are.
         minibatches = [sort_by_length(to_device(mb, self.device)) for mb in minibatches]
-        self._carried = [0, 0]
+        self._carried, self._skipped = [0, 0], 0
         # Proximal log-probs = the weights before the step's first update. The first mini-batch
         # takes them from its own forward; later ones need a no-grad pass now, when the decoupled
         # correction or an aux term (whose importance weight is against them) uses them.
@@ -191,6 +192,8 @@ class LearnerWorker:
         out["learner/seconds"] = (time.time() - t0, Reduce.MAX)
         out["learner/lr"] = (float(self.engine.get_lr()[0]), Reduce.FIRST)
         out["learner/padding_frac"] = (1.0 - self._carried[0] / max(self._carried[1], 1), Reduce.MAX)
+        # Optimizer updates discarded for non-finite gradients (the ranks always agree).
+        out["learner/skipped_updates"] = (float(self._skipped), Reduce.FIRST)
         return out
 
     def _minibatch(self, batch: TrainBatch, prox_lp: torch.Tensor | None) -> tuple[dict[str, tuple[float, str]], float]:
@@ -202,7 +205,7 @@ class LearnerWorker:
         n_total = n_global / self.world_size
         needs_logits = any(t.kind in AUX_NEEDS_LOGITS for t in batch.aux_terms)
         parts: dict[str, list[Metrics]] = defaultdict(list)  # metric prefix -> per-micro-batch metrics
-        row = 0
+        row, nonfinite = 0, 0
         mbs, n_real = self._micro_batches(batch)
         real, padded = padded_tokens(mbs[:n_real])
         self._carried = [self._carried[0] + real, self._carried[1] + padded]
@@ -243,18 +246,40 @@ class LearnerWorker:
                 loss = loss + term.coef * aux_loss
                 parts[term.name].append(am)
             parts["learner"].append({"loss": mean(loss)})
+            if not torch.isfinite(loss.detach()):
+                # NaN * anything is NaN: every gradient of the update becomes NaN, so the invalid
+                # norm discards the whole update on every rank (DeepSpeed's own check or ours).
+                nonfinite += 1
+                loss = loss * float("nan")
             self.engine.backward(loss, scale_wrt_gas=False)
         # Without ZeRO, DeepSpeed clips but does not record the norm: measure it before the step
         # (with several ZeRO-0 ranks this is rank 0's norm before the all-reduce).
         pre_norm = self._local_grad_norm() if self.cfg.zero_stage == 0 else None
-        self.engine.step()
-        self.version += 1
+        applied = self._optimizer_step(pre_norm)
+        self.version += 1  # a skipped update is still a step: versions count training steps
         out: Metrics = {f"{prefix}/{k}": v for prefix, ms in parts.items() for k, v in reduce_micro_batches(ms).items()}
         gn = self.engine.get_global_grad_norm()
         gn = pre_norm if gn is None else gn
-        if gn is not None:
+        if gn is not None and applied:
             out["learner/grad_norm"] = Stat(float(gn), Reduce.FIRST)
+        self._skipped += 0 if applied else 1
+        out["learner/nonfinite_microbatches"] = Stat(float(nonfinite), Reduce.SUM)
         return to_report(out), float(n_global)
+
+    def _optimizer_step(self, pre_norm: float | None) -> bool:
+        """The update, unless the gradients are not finite: then no parameter or optimizer state
+        changes (nor the lr schedule). Returns whether it was applied. DeepSpeed's optimizer
+        wrappers (ZeRO 1-3, bf16) discard an invalid-norm update themselves, on every rank; the
+        plain torch optimizer of fp32 ZeRO-0 has no such check, so the ranks agree here."""
+        if hasattr(self.engine.optimizer, "overflow"):
+            self.engine.step()
+            return self.engine.was_step_applied()
+        bad = torch.tensor(0.0 if pre_norm is not None and math.isfinite(pre_norm) else 1.0, device=self.device)
+        if float(self._all_reduce(bad, "max")) > 0:
+            self.engine.zero_grad()
+            return False
+        self.engine.step()
+        return True
 
     def _local_grad_norm(self) -> float:
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]

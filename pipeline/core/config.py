@@ -131,6 +131,9 @@ class TrainerConfig:
     val_at_start: bool = False  # validate once before the first step too (logged as step 0)
     ckpt_every: int = 10  # 0 = only the final checkpoint
     keep_checkpoints: int = 2
+    # Training steps in a row whose update was discarded for non-finite gradients that stop the
+    # run, with a checkpoint and a message (0: never stop).
+    max_skipped_steps: int = 3
     seed: int = 0
     resume: str | None = None  # a checkpoint dir (…/checkpoints/step_N) or a run dir (latest)
     run_dir: str | None = None  # default: Hydra's output directory
@@ -306,6 +309,8 @@ def validate(cfg: PrivyConfig) -> None:
              f"cluster.weight_sync={c.weight_sync!r}: object_store | collective")
     _require(c.sync_backend in ("auto", "gloo", "nccl"), f"cluster.sync_backend={c.sync_backend!r}: auto | gloo | nccl")
     _require(c.sync_bucket_mb >= 1, "cluster.sync_bucket_mb must be >= 1")
+    _require(cfg.trainer.max_skipped_steps >= 0,
+             f"trainer.max_skipped_steps={cfg.trainer.max_skipped_steps}: must be >= 0")
     _require(c.max_restarts >= 0, f"cluster.max_restarts={c.max_restarts}: must be >= 0")
     _require(not (c.colocate and c.weight_sync == "collective" and c.sync_backend != "gloo"),
              "cluster.colocate=true puts learner rank 0 and rollout engine 0 on one GPU, and NCCL "

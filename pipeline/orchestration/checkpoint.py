@@ -2,12 +2,19 @@
 continue exactly: its counters, the buffered groups, the method's controller state and the RNGs.
 
 Layout: ``RUN/checkpoints/step_000010/{deepspeed/, hf/, controller.pt}`` and
-``RUN/checkpoints/latest`` naming the newest complete one. A checkpoint is written into a temporary
-directory and renamed when complete, so a crash mid-save never leaves a half checkpoint as latest.
+``RUN/checkpoints/latest`` naming the newest complete one. A process killed at any point of a save
+never leaves ``latest`` naming a partial checkpoint:
+
+* the checkpoint is written into a temporary directory, ``controller.pt`` last, and renamed when
+  complete (a directory rename is atomic);
+* ``latest`` is replaced atomically (written beside it, then ``os.replace``);
+* re-saving a step moves the old copy aside before the rename, and ``resolve_checkpoint`` falls back
+  to the newest complete ``step_*`` when ``latest`` names one that is missing or incomplete.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import shutil
 from pathlib import Path
@@ -36,10 +43,14 @@ class Checkpointer:
                     "torch": torch.get_rng_state()},
             **self.extra_state,
         }
-        torch.save(state, tmp / "controller.pt")
-        shutil.rmtree(final, ignore_errors=True)
+        _durable_save(state, tmp / "controller.pt")  # last: its presence marks a complete checkpoint
+        old = self.root / f".old_step_{step:06d}"
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
         tmp.rename(final)
-        (self.root / "latest").write_text(final.name)
+        _atomic_write(self.root / "latest", final.name)
+        shutil.rmtree(old, ignore_errors=True)
         self._prune()
         return final
 
@@ -49,14 +60,40 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def _durable_save(obj, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _complete(ckpt: Path) -> bool:
+    return (ckpt / "controller.pt").is_file()
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint dir, or a run dir / checkpoints dir whose ``latest`` names one."""
+    """A checkpoint dir, or a run dir / checkpoints dir whose ``latest`` names one (or, if that one
+    is missing or incomplete, the newest complete ``step_*``)."""
     p = Path(path)
     for cand in (p, p / "checkpoints"):
-        if (cand / "controller.pt").exists():
+        if _complete(cand):
             return cand
         if (cand / "latest").exists():
-            return cand / (cand / "latest").read_text().strip()
+            named = cand / (cand / "latest").read_text().strip()
+            if named.name and _complete(named):
+                return named
+            steps = sorted(s for s in cand.glob("step_*") if _complete(s))
+            if steps:
+                return steps[-1]
     raise FileNotFoundError(f"resume={path}: no checkpoint there (expected controller.pt or "
                             "checkpoints/latest)")
 

@@ -43,6 +43,10 @@ class Aborted(Exception):
     """A second stop request: the run ended without finishing its step."""
 
 
+class NonFiniteTraining(RuntimeError):
+    """``trainer.max_skipped_steps`` updates in a row were discarded for non-finite gradients."""
+
+
 def task_seed(base_seed: int, index: int) -> int:
     """The task seed of the ``index``-th training group (deterministic, resume-safe)."""
     return random.Random(base_seed * 1_000_003 + index).randrange(2**31)
@@ -58,6 +62,8 @@ class ControllerState:
     rollout_busy_s: float = 0.0  # wall time with at least one group in play
     restarts: int = 0  # rollout workers / the scorer brought back after their process died
     replayed: int = 0  # groups lost with a dead worker and played again from their task seed
+    skipped: int = 0  # training steps whose update was discarded (non-finite gradients)
+    skipped_streak: int = 0  # ... of them in a row, up to the last step
 
 
 class Controller:
@@ -72,6 +78,7 @@ class Controller:
         self.state = state or ControllerState()
         # Consumers must hold at least these weights (a resumed run publishes them before it starts).
         self._published = self.state.step
+        self.state.skipped_streak = 0  # a resumed run (new lr, fixed rewards) gets a fresh allowance
         t = cfg.trainer
         self.buffer = GroupBuffer(groups_per_step=t.groups_per_step, max_policy_lag=t.max_policy_lag)
         if buffer_state is not None:
@@ -210,10 +217,11 @@ class Controller:
         while self.state.step < t.total_steps and not self._stop.is_set():
             metrics = await self._train_step()
             step = self.state.step
-            if t.val_every and (step % t.val_every == 0 or step == t.total_steps):
+            halt = self._count_skip(step, metrics)
+            if t.val_every and (step % t.val_every == 0 or step == t.total_steps) and not halt:
                 metrics.update(await self._validate(step))
             due = (t.ckpt_every and step % t.ckpt_every == 0) or step == t.total_steps
-            if self.checkpointer is not None and (due or self._stop.is_set()):
+            if self.checkpointer is not None and (due or halt or self._stop.is_set()):
                 tc = time.time()
                 await self.checkpointer.save(self, step)
                 metrics["time/checkpoint_s"] = time.time() - tc
@@ -224,6 +232,26 @@ class Controller:
             self.history.append(metrics)
             if self.progress is not None:
                 self.progress(step, metrics)
+            if halt:
+                where = f"; checkpoint at step {step}" if self.checkpointer is not None else ""
+                raise NonFiniteTraining(
+                    f"stopping the run: {self.state.skipped_streak} training steps in a row (up to step {step}) "
+                    f"had non-finite losses or gradients, so their updates were discarded{where}; lower "
+                    f"learner.lr or check the rewards, then resume with trainer.resume=RUN_DIR")
+
+    def _count_skip(self, step: int, metrics: dict[str, float]) -> bool:
+        """Count a step whose update was discarded; True when ``trainer.max_skipped_steps`` came
+        in a row (the run then checkpoints and stops)."""
+        st, limit = self.state, self.cfg.trainer.max_skipped_steps
+        if metrics.get("learner/skipped_updates", 0) > 0:
+            st.skipped, st.skipped_streak = st.skipped + 1, st.skipped_streak + 1
+            self.events.record("skip", step=step, updates=int(metrics["learner/skipped_updates"]),
+                               nonfinite_microbatches=int(metrics.get("learner/nonfinite_microbatches", 0)),
+                               in_a_row=st.skipped_streak)
+        else:
+            st.skipped_streak = 0
+        metrics["faults/skipped_steps"] = st.skipped
+        return bool(limit) and st.skipped_streak >= limit
 
     async def _train_step(self) -> dict[str, float]:
         cfg, st = self.cfg, self.state
