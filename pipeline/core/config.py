@@ -250,7 +250,7 @@ def validate(cfg: PrivyConfig) -> None:
         ct = cfg.model.chat_template
         _require(ct in TEMPLATES or Path(ct).expanduser().is_file(),
                  f"model.chat_template={ct!r}: name one of {', '.join(sorted(TEMPLATES))} or an existing Jinja file")
-    _require(all(v >= 0 for v in r.val_temperatures), "rollout.val_temperatures must be >= 0")
+    _require(all(v >= 0 for v in r.val_temperatures), f"rollout.val_temperatures={r.val_temperatures} must be >= 0")
     _require(r.max_batch >= 1, "rollout.max_batch must be >= 1")
     _require(r.max_batch_tokens >= r.max_prompt_tokens + r.max_new_tokens,
              f"rollout.max_batch_tokens={r.max_batch_tokens} must fit one sequence: >= rollout.max_prompt_tokens + "
@@ -260,7 +260,10 @@ def validate(cfg: PrivyConfig) -> None:
     _require(r.env_timeout_s > 0, "rollout.env_timeout_s must be > 0")
     _require(lr.num_learners >= 1, "learner.num_learners must be >= 1")
     _require(lr.zero_stage in (0, 1, 2, 3), f"learner.zero_stage={lr.zero_stage}: use 0, 1, 2 or 3")
-    _require(lr.lr > 0, "learner.lr must be > 0")
+    _require(lr.lr > 0, f"learner.lr={lr.lr} must be > 0")
+    _require(lr.weight_decay >= 0, f"learner.weight_decay={lr.weight_decay} must be >= 0")
+    _require(lr.warmup_steps >= 0, f"learner.warmup_steps={lr.warmup_steps} must be >= 0")
+    _require(lr.grad_clip >= 0, f"learner.grad_clip={lr.grad_clip} must be >= 0 (0 = no clipping)")
     _require(lr.lr_schedule in ("constant", "cosine"), "learner.lr_schedule: use constant or cosine")
     _require(len(lr.betas) == 2 and all(0 <= b < 1 for b in lr.betas), "learner.betas: two values in [0, 1)")
     _require(lr.micro_batch_tokens >= 64, "learner.micro_batch_tokens must be >= 64")
@@ -271,17 +274,21 @@ def validate(cfg: PrivyConfig) -> None:
     _require(r.group_size * t.groups_per_step >= lr.mini_batches * lr.num_learners,
              "every learner rank needs rows in every mini-batch: raise rollout.group_size or "
              "trainer.groups_per_step, or lower learner.mini_batches / learner.num_learners")
-    _require(lr.clip_low > 0 and lr.clip_high > 0, "learner.clip_low/clip_high must be > 0")
+    _require(lr.clip_low > 0, f"learner.clip_low={lr.clip_low} must be > 0")
+    _require(lr.clip_high > 0, f"learner.clip_high={lr.clip_high} must be > 0")
     _require(lr.dual_clip > 1, "learner.dual_clip must be > 1 (verl's c = 3.0)")
     _require(lr.correction in ("decoupled", "tis", "none"), "learner.correction: decoupled | tis | none")
     _require(lr.behaviour_cap >= 1, "learner.behaviour_cap must be >= 1")
-    _require(lr.kl_coef >= 0 and lr.entropy_coef >= 0, "learner.kl_coef and entropy_coef must be >= 0")
+    _require(lr.kl_coef >= 0, f"learner.kl_coef={lr.kl_coef} must be >= 0")
+    _require(lr.entropy_coef >= 0, f"learner.entropy_coef={lr.entropy_coef} must be >= 0")
     _require(t.total_steps >= 1, "trainer.total_steps must be >= 1")
     _require(t.groups_per_step >= 1, "trainer.groups_per_step must be >= 1")
     _require(t.max_policy_lag >= 0, "trainer.max_policy_lag must be >= 0 (0 = synchronous)")
     _require(t.max_policy_lag == 0 or lr.correction != "none",
              "trainer.max_policy_lag > 0 needs learner.correction=decoupled or tis")
-    _require(t.val_every >= 0 and t.ckpt_every >= 0, "trainer.val_every/ckpt_every must be >= 0")
+    _require(t.val_every >= 0, f"trainer.val_every={t.val_every} must be >= 0 (0 = never)")
+    _require(t.ckpt_every >= 0, f"trainer.ckpt_every={t.ckpt_every} must be >= 0 (0 = only the final checkpoint)")
+    _require(t.keep_checkpoints >= 1, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 1")
     _require(t.val_tasks >= 1 or t.val_every == 0, "trainer.val_tasks must be >= 1 when validating")
     v = r.vllm
     _require(v.tensor_parallel_size >= 1, "rollout.vllm.tensor_parallel_size must be >= 1")
@@ -295,8 +302,13 @@ def validate(cfg: PrivyConfig) -> None:
     _require(not v.enable_sleep_mode or t.max_policy_lag == 0,
              "rollout.vllm.enable_sleep_mode=true needs trainer.max_policy_lag=0 (engines sleep while "
              "the learner trains; at lag > 0 they are sampling then)")
-    _require(r.num_gpus >= 0 and lr.num_gpus >= 0 and cfg.scorer.num_gpus >= 0,
-             "num_gpus values must be >= 0")
+    for key, value in (("rollout.num_gpus", r.num_gpus), ("learner.num_gpus", lr.num_gpus),
+                       ("scorer.num_gpus", cfg.scorer.num_gpus), ("rollout.num_cpus", r.num_cpus),
+                       ("learner.num_cpus", lr.num_cpus)):
+        _require(value >= 0, f"{key}={value} must be >= 0 (Ray resources per actor)")
+    e = cfg.env
+    _require(e.invalid_action_penalty is None or e.invalid_action_penalty >= 0,
+             f"env.invalid_action_penalty={e.invalid_action_penalty} must be >= 0 (or null: the env's default)")
     _require(lr.offload_params is False or lr.zero_stage == 3,
              "learner.offload_params needs learner.zero_stage=3")
     _require(lr.offload_optimizer is False or lr.zero_stage in (1, 2, 3),
@@ -311,6 +323,9 @@ def validate(cfg: PrivyConfig) -> None:
     _require(c.sync_bucket_mb >= 1, "cluster.sync_bucket_mb must be >= 1")
     _require(cfg.trainer.max_skipped_steps >= 0,
              f"trainer.max_skipped_steps={cfg.trainer.max_skipped_steps}: must be >= 0")
+    _require(c.num_cpus is None or c.num_cpus >= 1, f"cluster.num_cpus={c.num_cpus} must be >= 1 (or null: all)")
+    _require(c.threads_per_actor is None or c.threads_per_actor >= 1,
+             f"cluster.threads_per_actor={c.threads_per_actor} must be >= 1 (or null: chosen per actor)")
     _require(c.max_restarts >= 0, f"cluster.max_restarts={c.max_restarts}: must be >= 0")
     _require(not (c.colocate and c.weight_sync == "collective" and c.sync_backend != "gloo"),
              "cluster.colocate=true puts learner rank 0 and rollout engine 0 on one GPU, and NCCL "

@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline.core.config import CONF_DIR
 from pipeline.methods.method import Method
-from pipeline.methods.options import split_options
+from pipeline.methods.options import check_types, split_options
 from pipeline.methods.parts import DEFAULT_KINDS, PARTS, SLOTS, Setting, load_parts
 
 PRESET_DIR = CONF_DIR / "method"
@@ -74,6 +74,7 @@ def build_method(raw: dict, *, invalid_action_penalty: float, env_name: str = ""
             opts = cls.Options(**split[slot])
         except TypeError as e:
             raise ValueError(f"method={name}: {e}") from None
+        check_types(opts, name)  # every part's options, whichever layer declares them
         opts.validate(name)
         parts[slot] = cls(opts, setting)
     return Method(name, parts, setting, env_name=env_name, seed=seed)
