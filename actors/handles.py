@@ -171,7 +171,7 @@ class LearnerGroup:
             raise WeightSyncError(f"the weight group at {host}:{port} ({backend}, {world} members) "
                                   f"did not form within {timeout_s + 30:g} s") from None
         self.weight_group = {"host": host, "port": port, "backend": backend, "world_size": world,
-                             "bucket_bytes": bucket_bytes, "n_tensors": len(metas[0])}
+                             "bucket_bytes": bucket_bytes, "n_tensors": len(metas[0]), "timeout_s": timeout_s}
         return self.weight_group
 
     async def publish(self, version: int, workers: list, scorer=None) -> dict[str, float]:
@@ -200,8 +200,25 @@ class LearnerGroup:
         # only when every member is in it. A receiver raises WeightSyncError on a bad sync.
         sends = [rk.broadcast_weights.remote(version) for rk in self.ranks]
         recvs = [c.receive_weights(version) for c in consumers]
-        results = await asyncio.gather(*sends, *recvs)
-        stats = results[0]
+        names = [f"learner rank {r}" for r in range(len(sends))] + [getattr(c, "name", "consumer") for c in consumers]
+        # Every member times out on its own (sync_timeout_s); the driver waits a little longer, so
+        # a member that died or stalled ends the run with its name instead of hanging it.
+        limit = self.weight_group["timeout_s"] + 30
+        tasks = [asyncio.ensure_future(x) for x in (*sends, *recvs)]
+        done, pending = await asyncio.wait(tasks, timeout=limit, return_when=asyncio.FIRST_EXCEPTION)
+        for t in pending:  # the run stops: nothing waits for the rest
+            t.cancel()
+        failed = [(n, t.exception()) for n, t in zip(names, tasks) if t in done and t.exception() is not None]
+        if failed:
+            name, err = failed[0]
+            if isinstance(err, WeightSyncError):
+                raise err
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise WeightSyncError(f"weights v{version}: {name} failed: {first}") from err
+        if pending:
+            raise WeightSyncError(f"weights v{version}: {', '.join(n for n, t in zip(names, tasks) if t in pending)} "
+                                  f"did not finish the broadcast within {limit:g} s")
+        stats = tasks[0].result()
         return {"sync/seconds": time.time() - t0, "sync/version": version,
                 "sync/gbps": stats["gbps"], "sync/bytes": stats["bytes"],
                 "sync/buckets": stats["buckets"]}

@@ -449,8 +449,9 @@ class LearnerActor:
 
         from pipeline.distributed.rendezvous import host_store
 
-        self._store = host_store(_RENDEZVOUS_TIMEOUT_S)
-        return ray.util.get_node_ip_address(), self._store.port
+        host = ray.util.get_node_ip_address()  # 127.0.0.1 for a run on one machine (start_ray)
+        self._store = host_store(_RENDEZVOUS_TIMEOUT_S, host=host)
+        return host, self._store.port
 
     def setup(self, master_addr: str, master_port: int | None = None) -> int:
         """Join the process group (blocks until every rank has joined), build the engine."""
@@ -458,7 +459,7 @@ class LearnerActor:
 
         a = self._args
         if a["rank"] == 0:
-            store = self._store or host_store(_RENDEZVOUS_TIMEOUT_S)
+            store = self._store or host_store(_RENDEZVOUS_TIMEOUT_S, host=master_addr)
         elif master_port is None:
             raise ValueError(f"learner rank {a['rank']} needs rank 0's master_port")
         else:
@@ -498,8 +499,9 @@ class LearnerActor:
         from pipeline.distributed.collective_sync import DEFAULT_TIMEOUT_S, resolve_backend
         from pipeline.distributed.rendezvous import host_store
 
-        self._weight_store = host_store(DEFAULT_TIMEOUT_S)
-        return ray.util.get_node_ip_address(), self._weight_store.port, resolve_backend(backend)
+        host = ray.util.get_node_ip_address()
+        self._weight_store = host_store(DEFAULT_TIMEOUT_S, host=host)
+        return host, self._weight_store.port, resolve_backend(backend)
 
     def sync_meta(self):
         return self.worker.sync_meta()

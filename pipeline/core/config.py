@@ -155,6 +155,7 @@ class ClusterConfig:
     weight_sync: str = "object_store"  # object_store | collective
     sync_backend: str = "auto"  # auto (nccl with CUDA, else gloo) | gloo | nccl
     sync_bucket_mb: int = 256  # bytes per broadcast bucket, in MiB
+    sync_timeout_s: float = 600.0  # collective route: a member silent this long fails the sync
     # Restarts of each rollout worker and of the teacher scorer after its process dies (Ray's
     # max_restarts); the groups it was playing are replayed from their task seeds. 0: a death
     # stops the run (resume it from its last checkpoint).
@@ -321,6 +322,7 @@ def validate(cfg: PrivyConfig) -> None:
              f"cluster.weight_sync={c.weight_sync!r}: object_store | collective")
     _require(c.sync_backend in ("auto", "gloo", "nccl"), f"cluster.sync_backend={c.sync_backend!r}: auto | gloo | nccl")
     _require(c.sync_bucket_mb >= 1, "cluster.sync_bucket_mb must be >= 1")
+    _require(c.sync_timeout_s > 0, f"cluster.sync_timeout_s={c.sync_timeout_s} must be > 0")
     _require(cfg.trainer.max_skipped_steps >= 0,
              f"trainer.max_skipped_steps={cfg.trainer.max_skipped_steps}: must be >= 0")
     _require(c.num_cpus is None or c.num_cpus >= 1, f"cluster.num_cpus={c.num_cpus} must be >= 1 (or null: all)")

@@ -128,7 +128,7 @@ def init_group(host: str, port: int, rank: int, world_size: int, backend: str,
     timeout = datetime.timedelta(seconds=timeout_s)
     backend = resolve_backend(backend)
     if tcp is None:
-        tcp = host_store(timeout_s, port) if rank == 0 else join_store(host, port, timeout_s)
+        tcp = host_store(timeout_s, port, host) if rank == 0 else join_store(host, port, timeout_s)
     store = dist.PrefixStore(name, tcp)  # a namespace of our own in case the port is ever shared
     if backend == "gloo":
         pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)

@@ -111,9 +111,13 @@ def start_ray(cfg: PrivyConfig) -> None:
     env_vars["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                              os.environ.get("PYTHONPATH", "")])
     if cfg.cluster.address is None:
+        # A run on one machine serves nothing beyond it: Ray, the rendezvous stores (which bind
+        # the node's IP) and gloo's connections all stay on the loopback interface.
+        if Path("/sys/class/net/lo").exists():
+            env_vars.setdefault("GLOO_SOCKET_IFNAME", "lo")
         ray.init(address="local", num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
                  include_dashboard=cfg.cluster.dashboard, log_to_driver=True,
-                 runtime_env={"env_vars": env_vars})
+                 runtime_env={"env_vars": env_vars}, _node_ip_address="127.0.0.1")
     else:
         # Inside `ray job submit` the job's runtime env (its working_dir on every worker's path, its
         # env_vars) reaches every actor already, and Ray refuses a driver runtime env that repeats
@@ -332,7 +336,7 @@ def init_weight_sync(cfg: PrivyConfig, learner, workers: list, scorer, actors: l
     c = cfg.cluster
     try:
         asyncio.run(learner.init_weight_group(workers, scorer, backend=c.sync_backend,
-                                              bucket_mb=c.sync_bucket_mb))
+                                              bucket_mb=c.sync_bucket_mb, timeout_s=c.sync_timeout_s))
     except BaseException:
         _kill(actors)
         raise

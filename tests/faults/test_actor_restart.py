@@ -84,3 +84,26 @@ def test_killed_rollout_worker_and_scorer_are_restarted_and_the_run_finishes(tmp
         assert r["teacher/rows_scored_frac"] == 1.0, r["step"]
         assert r["rollout/policy_lag_max"] <= 1, r["step"]
     assert "restart: step=" in err and rollout_pid != scorer_pid
+
+
+def test_with_the_collective_weight_sync_a_dead_worker_stops_the_run_with_its_cause(tmp_path):
+    """A restarted process cannot rejoin the torch.distributed weight group: the run stops, never
+    hangs, with one line naming the worker and how to resume (docs/reliability.md)."""
+    run_dir = tmp_path / "run"
+    args = [a for a in ARGS if not a.startswith("method=")] + ["method=grpo", "cluster.weight_sync=collective",
+                                                              "cluster.sync_timeout_s=60"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *args, f"trainer.run_dir={run_dir}"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _kill_when(proc, run_dir / "metrics.jsonl", "RolloutWorker", after_step=1)
+        t0 = time.time()
+        _, err = proc.communicate(timeout=300)
+        stopped_in = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, err[-3000:]
+    last = [x for x in err.splitlines() if x.startswith("privy-rl: ")][-1]
+    assert "rollout worker 0" in last and "resume" in last, err[-3000:]
+    assert stopped_in < 120, f"the run took {stopped_in:.0f} s to stop"

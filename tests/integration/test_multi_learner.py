@@ -115,8 +115,8 @@ def _step(ray, model_dir, batch: TrainBatch, *, world_size: int, zero_stage: int
         world_size=world_size, seed=0) for r in range(world_size)]
     try:
         # The production rendezvous: rank 0 binds the store, every rank joins it.
-        _, port = ray.get(ranks[0].node_address.remote(), timeout=TIMEOUT)
-        ray.get([rk.setup.remote("127.0.0.1", port) for rk in ranks], timeout=TIMEOUT)
+        host, port = ray.get(ranks[0].node_address.remote(), timeout=TIMEOUT)
+        ray.get([rk.setup.remote(host, port) for rk in ranks], timeout=TIMEOUT)
         ray.get([rk.ping.remote() for rk in ranks], timeout=TIMEOUT)
         t1 = time.time()
         group = LearnerGroup(ranks, pad_id=0)

@@ -385,6 +385,44 @@ def _repo(tmp_path: Path, test_source: str) -> Path:
     return repo
 
 
+def test_a_task_cannot_read_the_hosts_environment_or_its_private_files(tmp_path, monkeypatch):
+    """The tests see a scrubbed environment (no host variable, no secret), no host process's
+    /proc/<pid>/environ (own PID namespace), and, run as a fresh uid, none of the files the host
+    keeps private (mode 0600, as a key file or a run's config). World-readable system files stay
+    readable: the interpreter needs them (docs/reliability.md)."""
+    monkeypatch.setenv("PRIVY_TEST_API_KEY", "sk-host-secret-1234")
+    secret = tmp_path / "private" / "wandb_key"
+    secret.parent.mkdir(mode=0o700)
+    secret.write_text("sk-file-secret-5678")
+    secret.chmod(0o600)
+    repo = _repo(tmp_path, f"""
+import os
+def test_env():
+    assert "PRIVY_TEST_API_KEY" not in os.environ
+    assert not any("secret" in v for v in os.environ.values())
+def test_other_processes_environ():
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                data = open(f"/proc/{{pid}}/environ", "rb").read()
+            except OSError:
+                continue
+            assert b"sk-host-secret" not in data, pid
+def test_private_file():
+    try:
+        text = open({str(secret)!r}).read()
+    except OSError:
+        return
+    assert "sk-file-secret" not in text
+""")
+    r = sandbox.run_tests(repo, ["tests/test_x.py"], limits=FAST)
+    assert r.completed and not r.timed_out, r.output_tail
+    must = 1 + (1 if r.isolation.pid_namespace else 0) + (1 if r.isolation.uid is not None else 0)
+    assert r.passed >= must, (r.isolation, r.output_tail)
+    if r.isolation.pid_namespace and r.isolation.uid is not None:
+        assert r.passed == 3 and r.failed == 0, r.output_tail
+
+
 def test_sandbox_contains_and_reports_writes_outside_the_repo(tmp_path):
     marker = f"/tmp/privy-escape-{os.getpid()}.txt"
     repo = _repo(tmp_path, f"""

@@ -111,6 +111,8 @@ def test_a_point_with_a_checkpoint_or_a_first_phase_is_resumable(tmp_path):
     ckpt = tmp_path / "a" / "checkpoints"
     (ckpt / "step_000002").mkdir(parents=True)
     (ckpt / "latest").write_text("step_000002")
+    assert not sweep.PointRecord(tmp_path / "a").resumable()  # no controller.pt: incomplete
+    (ckpt / "step_000002" / "controller.pt").write_bytes(b"")
     assert sweep.PointRecord(tmp_path / "a").resumable()
     (tmp_path / "b" / "phase1_teacher").mkdir(parents=True)  # RetireOPD's teacher phase
     assert sweep.PointRecord(tmp_path / "b").resumable()

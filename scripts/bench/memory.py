@@ -1,0 +1,108 @@
+"""Memory under a slow learner: does anything grow with the number of steps?
+
+    python scripts/bench/memory.py [--steps 50] [--lag 1] [extra hydra overrides...]
+
+A real run (tiny model, keyword task) whose learner is made several times slower than its
+rollouts: micro-batches of 64 tokens and a k3 KL to a reference model (a second forward). Rollouts
+are one short turn. A sampler thread reads the resident memory of the driver and of every process
+it started (the Ray actors), once a second. Prints one JSON object:
+
+* the learner/rollout time ratio actually reached;
+* per process kind (driver, learner, rollout worker, Ray itself), the RSS at the first and last
+  tenth of the run and the least-squares slope in MB per step over the second half;
+* the largest number of groups admitted but not yet trained (the buffer's bound is
+  ``(max_policy_lag + 1) * groups_per_step``) and the largest policy lag of a trained group.
+
+Run it alone on the machine (other load changes the ratio, not the memory).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pipeline.orchestration.run import run_training  # noqa: E402
+from pipeline.tools.cli import compose  # noqa: E402
+
+
+def kind(cmdline: list[str]) -> str:
+    title = " ".join(cmdline)
+    for cls, name in (("LearnerActor", "learner"), ("RolloutWorker", "rollout"), ("TeacherScorer", "scorer")):
+        if title.startswith(f"ray::{cls}"):
+            return name
+    return "ray"
+
+
+class Sampler(threading.Thread):
+    def __init__(self, metrics: Path):
+        super().__init__(daemon=True)
+        self.metrics, self.rows, self.stop = metrics, [], threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self.stop.wait(1.0):
+            step = len(self.metrics.read_text().splitlines()) if self.metrics.exists() else 0
+            rss = {"driver": me.memory_info().rss}
+            for p in me.children(recursive=True):
+                try:
+                    k = kind(p.cmdline())
+                    rss[k] = rss.get(k, 0) + p.memory_info().rss
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+            self.rows.append((step, rss))
+
+
+def slope(points: list[tuple[int, float]]) -> float:
+    if len(points) < 2 or len({s for s, _ in points}) < 2:
+        return 0.0
+    mx, my = statistics.fmean(s for s, _ in points), statistics.fmean(v for _, v in points)
+    return sum((s - mx) * (v - my) for s, v in points) / sum((s - mx) ** 2 for s, _ in points)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--lag", type=int, default=1)
+    args, extra = ap.parse_known_args()
+    run_dir = Path(tempfile.mkdtemp(prefix="privy-bench-memory-"))
+    cfg = compose(["model=tiny", "env=keyword", f"trainer.total_steps={args.steps}", "trainer.groups_per_step=2",
+                   f"trainer.max_policy_lag={args.lag}", "rollout.group_size=2", "rollout.max_new_tokens=8",
+                   "trainer.val_every=0", "trainer.ckpt_every=0", "logger.progress=false",
+                   "learner.micro_batch_tokens=64", "learner.kl_coef=0.05", "learner.precision=fp32",
+                   "rollout.precision=fp32", *extra])
+    sampler = Sampler(run_dir / "metrics.jsonl")
+    sampler.start()
+    t0 = time.time()
+    run_training(cfg, run_dir)
+    sampler.stop.set()
+    sampler.join()
+    history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    learner_s = statistics.fmean(h["time/train_s"] for h in history[1:])
+    rollout_s = statistics.fmean(h["rollout/group_seconds"] for h in history[1:])
+    kinds = sorted({k for _, rss in sampler.rows for k in rss})
+    n = len(sampler.rows)
+    out = {"steps": len(history), "seconds": time.time() - t0, "samples": n,
+           "learner_over_rollout_s": learner_s / max(rollout_s, 1e-9),
+           "groups_in_flight_max": max(h["buffer/admitted"] - h["buffer/consumed"] for h in history),
+           "in_flight_bound": (args.lag + 1) * cfg.trainer.groups_per_step,
+           "policy_lag_max": max(h["rollout/policy_lag_max"] for h in history), "rss_mb": {}}
+    for k in kinds:
+        pts = [(s, rss.get(k, 0) / 2**20) for s, rss in sampler.rows]
+        tenth = max(1, n // 10)
+        out["rss_mb"][k] = {"first_tenth": statistics.fmean(v for _, v in pts[:tenth]),
+                            "last_tenth": statistics.fmean(v for _, v in pts[-tenth:]),
+                            "mb_per_step_second_half": slope([p for p in pts if p[0] >= args.steps // 2])}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
