@@ -8,8 +8,8 @@ are one short turn. A sampler thread reads the resident memory of the driver and
 it started (the Ray actors), once a second. Prints one JSON object:
 
 * the learner/rollout time ratio actually reached;
-* per process kind (driver, learner, rollout worker, Ray itself), the RSS at the first and last
-  tenth of the run and the least-squares slope in MB per step over the second half;
+* per process kind (driver, learner, rollout worker, Ray itself), the unique memory (USS) at the
+  first and last tenth of the run and the least-squares slope in MB per step over the second half;
 * the largest number of groups admitted but not yet trained (the buffer's bound is
   ``(max_policy_lag + 1) * groups_per_step``) and the largest policy lag of a trained group.
 
@@ -51,11 +51,14 @@ class Sampler(threading.Thread):
         me = psutil.Process()
         while not self.stop.wait(1.0):
             step = len(self.metrics.read_text().splitlines()) if self.metrics.exists() else 0
-            rss = {"driver": me.memory_info().rss}
+            # USS: memory only this process holds. RSS would also count the pages of Ray's shared
+            # object store a consumer maps when it reads a weight packet, which grow until the
+            # store evicts them and say nothing about a leak.
+            rss = {"driver": me.memory_full_info().uss}
             for p in me.children(recursive=True):
                 try:
                     k = kind(p.cmdline())
-                    rss[k] = rss.get(k, 0) + p.memory_info().rss
+                    rss[k] = rss.get(k, 0) + p.memory_full_info().uss
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
             self.rows.append((step, rss))
@@ -94,11 +97,11 @@ def main() -> None:
            "learner_over_rollout_s": learner_s / max(rollout_s, 1e-9),
            "groups_in_flight_max": max(h["buffer/admitted"] - h["buffer/consumed"] for h in history),
            "in_flight_bound": (args.lag + 1) * cfg.trainer.groups_per_step,
-           "policy_lag_max": max(h["rollout/policy_lag_max"] for h in history), "rss_mb": {}}
+           "policy_lag_max": max(h["rollout/policy_lag_max"] for h in history), "uss_mb": {}}
     for k in kinds:
         pts = [(s, rss.get(k, 0) / 2**20) for s, rss in sampler.rows]
         tenth = max(1, n // 10)
-        out["rss_mb"][k] = {"first_tenth": statistics.fmean(v for _, v in pts[:tenth]),
+        out["uss_mb"][k] = {"first_tenth": statistics.fmean(v for _, v in pts[:tenth]),
                             "last_tenth": statistics.fmean(v for _, v in pts[-tenth:]),
                             "mb_per_step_second_half": slope([p for p in pts if p[0] >= args.steps // 2])}
     print(json.dumps(out, indent=1))
