@@ -239,6 +239,21 @@ class Controller:
                     f"had non-finite losses or gradients, so their updates were discarded{where}; lower "
                     f"learner.lr or check the rewards, then resume with trainer.resume=RUN_DIR")
 
+    async def _checkpoint_after_failed_sync(self, version: int) -> str:
+        """Save step ``version`` (trained, not published); says where to resume from. Bounded: a
+        learner still blocked in the failed broadcast answers after its own sync timeout."""
+        if self.checkpointer is None:
+            return "resume from the last checkpoint"
+        self.state.step = self._published = version
+        limit = self.cfg.cluster.sync_timeout_s + 60
+        try:
+            path = await asyncio.wait_for(self.checkpointer.save(self, version), limit)
+        except Exception as err:  # noqa: BLE001 - the sync error is the one to report
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            return f"its checkpoint failed too ({first}); resume from the last checkpoint"
+        self.events.record("checkpoint_after_failed_sync", step=version, path=str(path))
+        return f"checkpoint at step {version}: resume with trainer.resume=RUN_DIR"
+
     def _count_skip(self, step: int, metrics: dict[str, float]) -> bool:
         """Count a step whose update was discarded; True when ``trainer.max_skipped_steps`` came
         in a row (the run then checkpoints and stops)."""
@@ -290,10 +305,12 @@ class Controller:
             sync_m = await self.learner.publish(version, self.workers, self.scorer)
         except WeightSyncError as e:
             # Never go on: the workers would keep sampling with stale (or no) weights. This ends
-            # run(): the rollout loops are cancelled and run_training frees the actors.
+            # run(): the rollout loops are cancelled and run_training frees the actors. The step
+            # itself trained: checkpoint it (a resumed run publishes its weights first).
             cause = getattr(e, "cause", None) or e  # a Ray task error wraps the receiver's own
+            where = await self._checkpoint_after_failed_sync(version)
             raise WeightSyncError(f"stopping the run: syncing the weights of step {version} failed "
-                                  f"({cause}); resume from the last checkpoint") from e
+                                  f"({cause}); {where}") from e
         t5 = time.time()
         st.step = self._published = version
         metrics.update(credit.metrics)

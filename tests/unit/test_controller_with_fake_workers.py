@@ -157,6 +157,36 @@ def test_fake_failed_weight_sync_stops_the_run_before_the_next_step():
     assert len(learner.trained_versions) == 2
 
 
+def test_fake_failed_weight_sync_checkpoints_the_trained_step_then_stops(tmp_path):
+    """The step trained before its sync failed: the real Checkpointer saves it (the FAKE
+    learner's save writes a file), the message says where to resume, and resuming from it
+    continues at the next step."""
+    from pipeline.distributed.weight_sync import WeightSyncError
+    from pipeline.orchestration.checkpoint import Checkpointer, load_state, resolve_checkpoint
+
+    class BrokenSync(PacketLearner):
+        async def publish(self, version, workers, scorer=None):
+            if version == 2:
+                raise WeightSyncError("weights v2: rollout worker 0 failed: connection reset")
+            return await super().publish(version, workers, scorer)
+
+        async def save(self, d):
+            (tmp_path / "saved").write_text(str(self.version))
+
+    cfg = make_cfg(lag=0)
+    method = build_method({"name": "grpo"}, invalid_action_penalty=0.1)
+    learner = BrokenSync(0.0)
+    ctl = Controller(cfg, learner=learner, workers=[FakeWorker(0.01)], method=method,
+                     logger=MetricsLogger([]), checkpointer=Checkpointer(tmp_path / "run"))
+    with pytest.raises(WeightSyncError, match=r"connection reset\); checkpoint at step 2: resume with "
+                                              r"trainer.resume=RUN_DIR"):
+        asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
+    ckpt = resolve_checkpoint(tmp_path / "run")
+    assert ckpt.name == "step_000002" and (tmp_path / "saved").read_text() == "2"
+    state = load_state(ckpt)["controller"]
+    assert state["step"] == 2 and state["next_task"] >= 4
+
+
 def test_fake_colocated_vllm_engines_sleep_exactly_while_the_learner_trains():
     events = []
 
