@@ -17,6 +17,10 @@ def runtime_env_defaults() -> dict[str, str]:
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
         "TOKENIZERS_PARALLELISM": "false",  # tokenizers threads would fight the actors' torch threads
         "RAY_DEDUP_LOGS": "0",
+        # glibc gives every thread that allocates its own malloc arena; a rollout worker plays each
+        # group in a thread of its own, and its memory grew 0.25 MB per step over 1000 steps with
+        # the default (flat with 2: docs/reliability.md, scripts/bench/memory.py).
+        "MALLOC_ARENA_MAX": "2",
     }
     # DS_ACCELERATOR=cpu only where this process sees no CUDA (CPU machines, CI): it spares
     # DeepSpeed's accelerator probing there; forced on a CUDA machine it would put every learner
@@ -31,7 +35,7 @@ def runtime_env_defaults() -> dict[str, str]:
 
 
 KEYS = ("RAY_AUTH_MODE", "WANDB_MODE", "HF_HUB_OFFLINE", "TRANSFORMERS_NO_ADVISORY_WARNINGS",
-        "TOKENIZERS_PARALLELISM", "RAY_DEDUP_LOGS", "DS_ACCELERATOR")
+        "TOKENIZERS_PARALLELISM", "RAY_DEDUP_LOGS", "MALLOC_ARENA_MAX", "DS_ACCELERATOR")
 
 
 def set_process_env() -> dict[str, str]:
