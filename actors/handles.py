@@ -21,7 +21,8 @@ class ActorDied(RuntimeError):
     the actor once per death, however many callers saw it."""
 
     def __init__(self, handle, generation: int, cause: BaseException):
-        super().__init__(f"{handle.name} died ({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})")
+        first = str(cause).splitlines()[0] if str(cause) else ""
+        super().__init__(f"{handle.name} died ({type(cause).__name__}: {first})")
         self.handle, self.generation, self.cause = handle, generation, cause
 
 
