@@ -9,6 +9,7 @@ import asyncio
 import time
 
 from pipeline.algorithm.metrics import combine, values
+from pipeline.core.errors import first_line
 from pipeline.core.microbatch import split_rows
 from pipeline.core.types import TrainBatch
 from pipeline.distributed.weight_sync import WeightSyncError
@@ -21,8 +22,7 @@ class ActorDied(RuntimeError):
     the actor once per death, however many callers saw it."""
 
     def __init__(self, handle, generation: int, cause: BaseException):
-        first = str(cause).splitlines()[0] if str(cause) else ""
-        super().__init__(f"{handle.name} died ({type(cause).__name__}: {first})")
+        super().__init__(f"{handle.name} died ({type(cause).__name__}: {first_line(cause)})")
         self.handle, self.generation, self.cause = handle, generation, cause
 
 
@@ -89,6 +89,13 @@ class Restartable:
             self.generation += 1
             return True
 
+    async def set_weights(self, packet_or_ref) -> int | None:
+        """None when the actor died: ``revive`` gives its new process the weights."""
+        try:
+            return await self._call("set_weights", packet_or_ref)
+        except ActorDied:
+            return None
+
 
 # ----- rollout -----------------------------------------------------------------------------------
 class RayRollout(Restartable):
@@ -97,13 +104,6 @@ class RayRollout(Restartable):
 
     async def run_group(self, **kw):
         return await self._call("run_group", **kw)
-
-    async def set_weights(self, packet_or_ref) -> int | None:
-        """None when the actor died: ``revive`` gives its new process the weights."""
-        try:
-            return await self._call("set_weights", packet_or_ref)
-        except ActorDied:
-            return None
 
     async def sleep(self) -> None:
         await self.actor.sleep.remote()
@@ -214,8 +214,7 @@ class LearnerGroup:
             name, err = failed[0]
             if isinstance(err, WeightSyncError):
                 raise err
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise WeightSyncError(f"weights v{version}: {name} failed: {first}") from err
+            raise WeightSyncError(f"weights v{version}: {name} failed: {first_line(err)}") from err
         if pending:
             raise WeightSyncError(f"weights v{version}: {', '.join(n for n, t in zip(names, tasks) if t in pending)} "
                                   f"did not finish the broadcast within {limit:g} s")

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from actors.handles import ActorDied, Restartable, WeightsLost
+from actors.handles import Restartable, WeightsLost
 from pipeline.algorithm.logprobs import forward_response
 from pipeline.context.prompts import TeacherPrompts
 from pipeline.context.providers import TeacherSpec
@@ -112,13 +112,6 @@ class TeacherScorer(Restartable):
     @property
     def wants_weights(self) -> bool:
         return self.spec.source == "self"
-
-    async def set_weights(self, packet_or_ref) -> int | None:
-        """None when the actor died: ``revive`` gives its new process the weights."""
-        try:
-            return await self._call("set_weights", packet_or_ref)
-        except ActorDied:
-            return None
 
     async def init_weight_group(self, *a, **kw) -> int:
         return await self.actor.init_weight_group.remote(*a, **kw)

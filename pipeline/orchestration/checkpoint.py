@@ -55,9 +55,13 @@ class Checkpointer:
         return final
 
     def _prune(self) -> None:
+        """Keep the newest ``keep`` checkpoints; drop what killed saves left behind (each up to a
+        whole checkpoint: a save only ends here once every earlier one is complete or gone)."""
         steps = sorted(p for p in self.root.glob("step_*") if p.is_dir())
         for old in steps[: max(0, len(steps) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
+        for stale in [*self.root.glob(".tmp_step_*"), *self.root.glob(".old_step_*")]:
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _durable_save(obj, path: Path) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from actors.handles import ActorDied
 from pipeline.core.config import PrivyConfig
+from pipeline.core.errors import first_line
 from pipeline.core.microbatch import slice_rows
 from pipeline.core.types import EpisodeGroup
 from pipeline.distributed.weight_sync import WeightSyncError
@@ -192,7 +193,7 @@ class Controller:
         if await died.handle.revive(died.generation, getattr(self.learner, "last_packet", None)):
             self.state.restarts += 1
             self.events.record("restart", step=self.state.step, actor=died.handle.name,
-                               cause=str(died.cause).splitlines()[0][:300] if str(died.cause) else "")
+                               cause=first_line(died.cause)[:300])
 
     async def _score(self, group: EpisodeGroup) -> EpisodeGroup:
         """Teacher log-probs for the group; if the scorer dies, the same group once it is back."""
@@ -249,8 +250,7 @@ class Controller:
         try:
             path = await asyncio.wait_for(self.checkpointer.save(self, version), limit)
         except Exception as err:  # noqa: BLE001 - the sync error is the one to report
-            first = str(err).splitlines()[0] if str(err) else type(err).__name__
-            return f"its checkpoint failed too ({first}); resume from the last checkpoint"
+            return f"its checkpoint failed too ({first_line(err)}); resume from the last checkpoint"
         self.events.record("checkpoint_after_failed_sync", step=version, path=str(path))
         return f"checkpoint at step {version}: resume with trainer.resume=RUN_DIR"
 

@@ -12,6 +12,7 @@ import os
 import sys
 
 from pipeline.core.config import CONF_DIR as _CONF
+from pipeline.core.errors import first_line
 from pipeline.tools.sweep import PointRecord  # and registers ${privy_point_dir:...} (hydra.sweep.subdir)
 
 CONF_DIR = str(_CONF)
@@ -33,7 +34,7 @@ def compose(overrides: list[str] | None = None):
 def _fail(kind: str, err: BaseException, point=None) -> None:
     if os.environ.get("PRIVY_DEBUG"):
         raise err
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    first = first_line(err)
     print(f"privy-rl: {kind}: {first}", file=sys.stderr)
     if point is not None:  # the sweep goes on to its next point; its summary shows this error
         point.end("failed", f"{kind}: {first}")

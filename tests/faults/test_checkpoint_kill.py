@@ -79,6 +79,32 @@ def test_a_kill_during_save_leaves_latest_on_a_complete_checkpoint(tmp_path, poi
     state = load_state(ckpt)
     assert state["controller"]["step"] == expect and state["method"] == {"gate": 1.0}
     assert (ckpt / "hf" / "model.safetensors").stat().st_size == 4096
+    # The next complete save clears what the killed one left behind.
+    _save(run, 9)
+    assert resolve_checkpoint(run).name == "step_000009"
+    assert not [*(run / "checkpoints").glob(".tmp_*"), *(run / "checkpoints").glob(".old_*")]
+
+
+def _save(run, step: int) -> None:
+    import asyncio
+
+    from pipeline.orchestration.buffer import GroupBuffer
+    from pipeline.orchestration.checkpoint import Checkpointer
+    from pipeline.orchestration.controller import ControllerState
+
+    class Learner:  # FAKE: writes one file where DeepSpeed would write its state
+        async def save(self, d):
+            (Path(d) / "deepspeed").mkdir(parents=True)
+
+    class Method:
+        def state_dict(self):
+            return {}
+
+    class Ctl:
+        learner, method = Learner(), Method()
+        state, buffer = ControllerState(step=step), GroupBuffer(groups_per_step=1, max_policy_lag=0)
+
+    asyncio.run(Checkpointer(run, keep=3).save(Ctl(), step))
 
 
 def test_a_latest_naming_a_missing_checkpoint_falls_back_to_the_newest_complete_one(tmp_path):
