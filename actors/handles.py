@@ -50,6 +50,7 @@ class Restartable:
         self.actor, self.name = actor, name
         self.generation = 0  # deaths revived so far
         self._revive_lock: asyncio.Lock | None = None
+        self._killed = -1  # the generation killed as hung (every call that timed out saw it)
 
     async def _call(self, method: str, *a, **kw):
         gen = self.generation
@@ -59,6 +60,24 @@ class Restartable:
             if _is_death(e):
                 raise ActorDied(self, gen, e) from e
             raise
+
+    async def _call_within(self, timeout_s: float, setting: str, method: str, *a, **kw):
+        """``_call`` that counts the actor as hung after ``timeout_s`` (0 = never): a hung process
+        answers nothing, so it cannot be asked to stop. It is killed, once for all the calls that
+        timed out, and Ray restarts it like any dead actor (``cluster.max_restarts``)."""
+        if not timeout_s:
+            return await self._call(method, *a, **kw)
+        gen = self.generation
+        try:
+            return await asyncio.wait_for(self._call(method, *a, **kw), timeout_s)
+        except asyncio.TimeoutError:
+            if self._killed < gen == self.generation:
+                import ray
+
+                self._killed = gen
+                ray.kill(self.actor, no_restart=False)
+            cause = TimeoutError(f"no answer to {method} within {setting}={timeout_s:g} s: killed as hung")
+            raise ActorDied(self, gen, cause) from None
 
     async def revive(self, generation: int, weights) -> bool:
         """Bring the actor back after the death seen at ``generation``; ``weights`` is the last
@@ -96,26 +115,28 @@ class Restartable:
         except ActorDied:
             return None
 
+    # The collective route: a death raises ActorDied, so the group is re-formed around its new process.
+    async def init_weight_group(self, *a, **kw) -> int:
+        return await self._call("init_weight_group", *a, **kw)
+
+    async def receive_weights(self, version: int) -> int:
+        return await self._call("receive_weights", version)
+
 
 # ----- rollout -----------------------------------------------------------------------------------
 class RayRollout(Restartable):
-    def __init__(self, actor, name: str = "rollout worker"):
+    def __init__(self, actor, name: str = "rollout worker", group_timeout_s: float = 0.0):
         self._init_restartable(actor, name)
+        self.group_timeout_s = group_timeout_s  # rollout.group_timeout_s (0 = never)
 
     async def run_group(self, **kw):
-        return await self._call("run_group", **kw)
+        return await self._call_within(self.group_timeout_s, "rollout.group_timeout_s", "run_group", **kw)
 
     async def sleep(self) -> None:
         await self.actor.sleep.remote()
 
     async def wake_up(self) -> None:
         await self.actor.wake_up.remote()
-
-    async def init_weight_group(self, *a, **kw) -> int:
-        return await self.actor.init_weight_group.remote(*a, **kw)
-
-    async def receive_weights(self, version: int) -> int:
-        return await self.actor.receive_weights.remote(version)
 
 
 # ----- learner -----------------------------------------------------------------------------------
@@ -172,8 +193,18 @@ class LearnerGroup:
             raise WeightSyncError(f"the weight group at {host}:{port} ({backend}, {world} members) "
                                   f"did not form within {timeout_s + 30:g} s") from None
         self.weight_group = {"host": host, "port": port, "backend": backend, "world_size": world,
-                             "bucket_bytes": bucket_bytes, "n_tensors": len(metas[0]), "timeout_s": timeout_s}
+                             "bucket_bytes": bucket_bytes, "n_tensors": len(metas[0]), "timeout_s": timeout_s,
+                             "bucket_mb": bucket_mb}
         return self.weight_group
+
+    async def reform_weight_group(self, workers: list, scorer=None) -> dict:
+        """A torch.distributed group cannot take a restarted process back: every member (learner
+        rank 0 and all consumers, the new process among them) joins a new group on a fresh store,
+        with the same settings. The old group objects are dropped. A consumer that died meanwhile
+        raises ActorDied."""
+        wg = self.weight_group
+        return await self.init_weight_group(workers, scorer, backend=wg["backend"], bucket_mb=wg["bucket_mb"],
+                                            timeout_s=wg["timeout_s"])
 
     async def publish(self, version: int, workers: list, scorer=None) -> dict[str, float]:
         if self.weight_group is not None:
@@ -210,6 +241,9 @@ class LearnerGroup:
         for t in pending:  # the run stops: nothing waits for the rest
             t.cancel()
         failed = [(n, t.exception()) for n, t in zip(names, tasks) if t in done and t.exception() is not None]
+        died = [err for _, err in failed if isinstance(err, ActorDied)]
+        if died:  # the learner's broadcast failed with it: the controller re-forms the group and retries
+            raise died[0]
         if failed:
             name, err = failed[0]
             if isinstance(err, WeightSyncError):

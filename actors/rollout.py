@@ -105,6 +105,9 @@ class RolloutWorker:
     def receive_weights(self, version: int) -> int:
         """Receive one broadcast into a fresh dict, check it, queue it as ``set_weights`` does.
         Raises WeightSyncError (and queues nothing) if the sync was partial or corrupt."""
+        if getattr(self, "_receiver", None) is None:  # a process Ray restarted: not in the group yet
+            raise WeightsLost(f"rollout worker {self.worker_id} is not in the weight group (a restarted "
+                              f"process); weights v{version} cannot reach it")
         sd = self._receiver.receive(version)
         with self._lock:
             self._pending = (sd, version)

@@ -61,6 +61,9 @@ class TeacherScorerWorker:
 
     def receive_weights(self, version: int) -> int:
         """Receive, check (raises WeightSyncError, loading nothing), then load."""
+        if getattr(self, "_receiver", None) is None:  # a process Ray restarted: not in the group yet
+            raise WeightsLost(f"the teacher scorer is not in the weight group (a restarted process); "
+                              f"weights v{version} cannot reach it")
         self.model.load_state_dict(self._receiver.receive(version), strict=True)
         self.version = version
         return self.version
@@ -105,19 +108,14 @@ def _batch(items: list[tuple[list[int], list[int]]]) -> TrainBatch:
 class TeacherScorer(Restartable):
     """Driver-side handle: which rows, which prompts; ``actor`` is a Ray handle of the worker."""
 
-    def __init__(self, actor, spec: TeacherSpec, prompts: TeacherPrompts):
+    def __init__(self, actor, spec: TeacherSpec, prompts: TeacherPrompts, timeout_s: float = 0.0):
         self._init_restartable(actor, "teacher scorer")
         self.spec, self.prompts = spec, prompts
+        self.timeout_s = timeout_s  # scorer.timeout_s (0 = never)
 
     @property
     def wants_weights(self) -> bool:
         return self.spec.source == "self"
-
-    async def init_weight_group(self, *a, **kw) -> int:
-        return await self.actor.init_weight_group.remote(*a, **kw)
-
-    async def receive_weights(self, version: int) -> int:
-        return await self.actor.receive_weights.remote(version)
 
     def _items(self, groups: list[EpisodeGroup]):
         """The rows to score and their (privileged prompt ids, response ids)."""
@@ -139,7 +137,8 @@ class TeacherScorer(Restartable):
         """``min_version``: the last published weights (a self-teacher must hold them)."""
         t0 = time.time()
         rows, items = self._items(groups)
-        lps, version = await self._call("score", items, min_version if self.wants_weights else 0)
+        lps, version = await self._call_within(self.timeout_s, "scorer.timeout_s", "score", items,
+                                               min_version if self.wants_weights else 0)
         for row, lp in zip(rows, lps):
             row.teacher_logprobs, row.teacher_version = lp, version
         lengths = [len(ids) for ids, _ in items]

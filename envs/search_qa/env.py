@@ -417,6 +417,15 @@ class SearchQAEnv(TextEnv):
         """The current question with its gold answers, hop count and an expert's queries."""
         return self._q
 
+    def privileged_hint(self) -> str | None:
+        """What a teacher may know (the ``hints`` context kind): the expert's queries, one per hop,
+        and the gold answer, e.g. ``Search for: Kelvar Labs. The answer is Oslo.``"""
+        if self._q is None:
+            return None
+        queries = [q for q in self._q.queries if q]
+        searches = f"Search for: {', then '.join(queries)}. " if queries else ""
+        return f"{searches}The answer is {self._q.answers[0]}."
+
     def expert_response(self) -> str:
         """The next response of a scripted expert: one search per hop (the entity's name), then the gold answer.
 

@@ -82,6 +82,9 @@ class RolloutConfig:
     batch_wait_s: float = 1.0
     env_workers: int = 4  # threads stepping thread-safe envs (others: one thread), >= 1
     env_timeout_s: float = 300.0  # an env reset / step slower than this fails its episode, > 0
+    # A group slower than this means its worker hangs (a generate that never returns, a stopped
+    # process): Ray kills and restarts the worker and the group is played again. 0 = never.
+    group_timeout_s: float = 3600.0
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
@@ -119,6 +122,9 @@ class ScorerConfig:
     precision: str = "auto"  # teacher weights: auto (bf16 where native) | fp32 | bf16
     num_gpus: float = 0.0  # Ray GPUs of the scorer actor (its model goes to cuda when > 0)
     micro_batch_tokens: int | None = None  # forward token budget; None = learner.micro_batch_tokens
+    # A score call slower than this means the scorer hangs: Ray kills and restarts it and the
+    # groups are scored again. 0 = never.
+    timeout_s: float = 3600.0
 
 
 @dataclass
@@ -259,6 +265,8 @@ def validate(cfg: PrivyConfig) -> None:
     _require(r.batch_wait_s >= 0, "rollout.batch_wait_s must be >= 0")
     _require(r.env_workers >= 1, "rollout.env_workers must be >= 1")
     _require(r.env_timeout_s > 0, "rollout.env_timeout_s must be > 0")
+    _require(r.group_timeout_s >= 0, f"rollout.group_timeout_s={r.group_timeout_s} must be >= 0 (0 = never)")
+    _require(cfg.scorer.timeout_s >= 0, f"scorer.timeout_s={cfg.scorer.timeout_s} must be >= 0 (0 = never)")
     _require(lr.num_learners >= 1, "learner.num_learners must be >= 1")
     _require(lr.zero_stage in (0, 1, 2, 3), f"learner.zero_stage={lr.zero_stage}: use 0, 1, 2 or 3")
     _require(lr.lr > 0, f"learner.lr={lr.lr} must be > 0")

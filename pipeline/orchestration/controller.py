@@ -90,6 +90,7 @@ class Controller:
         self._retry = list(self.state.in_flight)  # groups lost in flight at the last checkpoint
         self.state.in_flight = []
         self._stop = asyncio.Event()
+        self._sync_lock = asyncio.Lock()  # a training step and its publish vs a weight-group re-form
         self._trainer: asyncio.Task | None = None
         self._n_playing, self._busy_mark = 0, time.time()
         self.aborted = False
@@ -185,15 +186,58 @@ class Controller:
         return self.scorer is not None and any(self.method.teacher_active(s)
                                                for s in range(self.state.step, deadline + 1))
 
+    @property
+    def _collective(self) -> bool:
+        return getattr(self.learner, "weight_group", None) is not None
+
     async def _revive(self, died: ActorDied) -> None:
-        """Wait for Ray to restart the actor that died and give it the current weights."""
-        if getattr(self.learner, "weight_group", None) is not None:
-            raise RuntimeError(f"{died}: with cluster.weight_sync=collective a restarted process cannot "
-                               f"rejoin the weight group; resume with trainer.resume=RUN_DIR") from died
-        if await died.handle.revive(died.generation, getattr(self.learner, "last_packet", None)):
-            self.state.restarts += 1
-            self.events.record("restart", step=self.state.step, actor=died.handle.name,
-                               cause=first_line(died.cause)[:300])
+        """Wait for Ray to restart the actor that died and give it the current weights: the last
+        packet in the object store, or (collective sync) a new weight group and a broadcast."""
+        if not self._collective or not died.handle.wants_weights:
+            if await died.handle.revive(died.generation, getattr(self.learner, "last_packet", None)):
+                self._record_restart(died)
+            return
+        # Not while a step trains or publishes: the new group must carry the published version.
+        async with self._sync_lock:
+            if await self._revive_into_group(died):
+                await self._publish(self._published)
+
+    async def _revive_into_group(self, died: ActorDied) -> bool:
+        """(Collective sync; the caller holds the sync lock.) Bring the actor back and re-form the
+        weight group around its new process; another consumer found dead meanwhile is brought
+        back too. False when someone else already had revived it."""
+        if not await died.handle.revive(died.generation, None):
+            return False
+        self._record_restart(died)
+        while True:
+            try:
+                await self.learner.reform_weight_group(self.workers, self.scorer)
+                break
+            except ActorDied as again:
+                if await again.handle.revive(again.generation, None):
+                    self._record_restart(again)
+        self.events.record("weight_group_reformed", step=self.state.step, actor=died.handle.name)
+        return True
+
+    def _record_restart(self, died: ActorDied) -> None:
+        self.state.restarts += 1
+        self.events.record("restart", step=self.state.step, actor=died.handle.name,
+                           cause=first_line(died.cause)[:300])
+
+    async def _publish(self, version: int) -> dict[str, float]:
+        """Publish ``version``; a consumer that dies during a collective broadcast is brought back
+        into a new group and the broadcast is repeated (the learner's weights are unchanged by a
+        failed one), at most ``cluster.max_restarts`` + 1 times."""
+        for attempt in range(self.cfg.cluster.max_restarts + 1):
+            try:
+                return await self.learner.publish(version, self.workers, self.scorer)
+            except ActorDied as died:
+                try:
+                    await self._revive_into_group(died)
+                except RuntimeError as e:  # Ray will not restart it: stop, with a checkpoint
+                    raise WeightSyncError(f"weights v{version}: {died}; {first_line(e)}") from e
+        raise WeightSyncError(f"weights v{version}: consumers kept dying during the broadcast "
+                              f"({attempt + 1} attempts)")
 
     async def _score(self, group: EpisodeGroup) -> EpisodeGroup:
         """Teacher log-probs for the group; if the scorer dies, the same group once it is back."""
@@ -293,24 +337,25 @@ class Controller:
         minibatches = [slice_rows(batch, a, b)
                        for a, b in minibatch_bounds(groups, cfg.learner.mini_batches)]
         t3 = time.time()
-        if self._sleep_engines:
-            await asyncio.gather(*[w.sleep() for w in self.workers])
-        metrics.update(await self.learner.train_step(minibatches))
-        metrics.update(self.method.after_train_step(step, metrics))
-        if self._sleep_engines:
-            await asyncio.gather(*[w.wake_up() for w in self.workers])
-        t4 = time.time()
-        version = step + 1
-        try:
-            sync_m = await self.learner.publish(version, self.workers, self.scorer)
-        except WeightSyncError as e:
-            # Never go on: the workers would keep sampling with stale (or no) weights. This ends
-            # run(): the rollout loops are cancelled and run_training frees the actors. The step
-            # itself trained: checkpoint it (a resumed run publishes its weights first).
-            cause = getattr(e, "cause", None) or e  # a Ray task error wraps the receiver's own
-            where = await self._checkpoint_after_failed_sync(version)
-            raise WeightSyncError(f"stopping the run: syncing the weights of step {version} failed "
-                                  f"({cause}); {where}") from e
+        async with self._sync_lock:  # a revive re-forming the weight group waits for the publish
+            if self._sleep_engines:
+                await asyncio.gather(*[w.sleep() for w in self.workers])
+            metrics.update(await self.learner.train_step(minibatches))
+            metrics.update(self.method.after_train_step(step, metrics))
+            if self._sleep_engines:
+                await asyncio.gather(*[w.wake_up() for w in self.workers])
+            t4 = time.time()
+            version = step + 1
+            try:
+                sync_m = await self._publish(version)
+            except WeightSyncError as e:
+                # Never go on: the workers would keep sampling with stale (or no) weights. This
+                # ends run(): the rollout loops are cancelled and run_training frees the actors.
+                # The step itself trained: checkpoint it (a resumed run publishes its weights first).
+                cause = getattr(e, "cause", None) or e  # a Ray task error wraps the receiver's own
+                where = await self._checkpoint_after_failed_sync(version)
+                raise WeightSyncError(f"stopping the run: syncing the weights of step {version} failed "
+                                      f"({cause}); {where}") from e
         t5 = time.time()
         st.step = self._published = version
         metrics.update(credit.metrics)

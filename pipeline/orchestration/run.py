@@ -165,7 +165,8 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
     workers = [RayRollout(rollout_cls.options(**placement.rollout(i), runtime_env=threads,
                                               max_restarts=restarts).remote(
         cfg.rollout, cfg.env, model_path, worker_id=i, threads=n_threads, chat_template=cfg.model.chat_template),
-        name=f"rollout worker {i}") for i in range(cfg.rollout.num_workers)]
+        name=f"rollout worker {i}", group_timeout_s=cfg.rollout.group_timeout_s)
+        for i in range(cfg.rollout.num_workers)]
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     # The teacher prompt may exceed the student's budget by the privileged text, never the model.
     max_total = int(getattr(_model_config(model_path), "max_position_embeddings", 8192))
@@ -182,7 +183,7 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
             micro_batch_tokens=cfg.scorer.micro_batch_tokens or cfg.learner.micro_batch_tokens,
             precision=cfg.scorer.precision, device="cuda" if cfg.scorer.num_gpus > 0 else "cpu",
             threads=n_threads)
-        scorer = TeacherScorer(actor, spec, prompts)
+        scorer = TeacherScorer(actor, spec, prompts, timeout_s=cfg.scorer.timeout_s)
         actors.append(actor)
     actors.append(placement)  # last: _kill removes the placement group after the actors
     try:

@@ -1,10 +1,11 @@
 """Memory under a slow learner: does anything grow with the number of steps?
 
-    python scripts/bench/memory.py [--steps 50] [--lag 1] [extra hydra overrides...]
+    python scripts/bench/memory.py [--steps 50] [--lag 1] [--throttle-learner 0.9] [extra hydra overrides...]
 
 A real run (tiny model, keyword task) whose learner is made several times slower than its
 rollouts: micro-batches of 64 tokens and a k3 KL to a reference model (a second forward). Rollouts
-are one short turn. A sampler thread reads the resident memory of the driver and of every process
+are one short turn. ``--throttle-learner F`` also keeps the learner's process stopped (SIGSTOP) a
+fraction F of the time (``pipeline/tools/faults.py``), 1 / (1 - F) times slower again. A sampler thread reads the resident memory of the driver and of every process
 it started (the Ray actors), once a second. Prints one JSON object:
 
 * the learner/rollout time ratio actually reached;
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -29,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pipeline.orchestration.run import run_training  # noqa: E402
+from pipeline.tools.faults import Throttle, actor_pid  # noqa: E402
 from pipeline.tools.cli import compose  # noqa: E402
 
 
@@ -75,8 +78,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--lag", type=int, default=1)
+    ap.add_argument("--throttle-learner", type=float, default=0.0, metavar="F",
+                    help="keep the learner stopped this fraction of the time (0 = never)")
     args, extra = ap.parse_known_args()
-    run_dir = Path(tempfile.mkdtemp(prefix="privy-bench-memory-"))
+    with tempfile.TemporaryDirectory(prefix="privy-bench-memory-") as d:
+        print(json.dumps(measure(Path(d), args, extra), indent=1))
+
+
+def measure(run_dir: Path, args: argparse.Namespace, extra: list[str]) -> dict:
     cfg = compose(["model=tiny", "env=keyword", f"trainer.total_steps={args.steps}", "trainer.groups_per_step=2",
                    f"trainer.max_policy_lag={args.lag}", "rollout.group_size=2", "rollout.max_new_tokens=8",
                    "trainer.val_every=0", "trainer.ckpt_every=0", "logger.progress=false",
@@ -84,8 +93,15 @@ def main() -> None:
                    "rollout.precision=fp32", *extra])
     sampler = Sampler(run_dir / "metrics.jsonl")
     sampler.start()
+    throttle = Throttle(lambda: actor_pid(os.getpid(), "LearnerActor"), stopped=args.throttle_learner)
+    if args.throttle_learner > 0:
+        throttle.start()
     t0 = time.time()
-    run_training(cfg, run_dir)
+    try:
+        run_training(cfg, run_dir)
+    finally:
+        if throttle.is_alive():
+            throttle.stop()
     sampler.stop.set()
     sampler.join()
     history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -94,6 +110,7 @@ def main() -> None:
     kinds = sorted({k for _, rss in sampler.rows for k in rss})
     n = len(sampler.rows)
     out = {"steps": len(history), "seconds": time.time() - t0, "samples": n,
+           "throttle_learner": args.throttle_learner, "throttle_cycles": throttle.cycles,
            "learner_over_rollout_s": learner_s / max(rollout_s, 1e-9),
            "groups_in_flight_max": max(h["buffer/admitted"] - h["buffer/consumed"] for h in history),
            "in_flight_bound": (args.lag + 1) * cfg.trainer.groups_per_step,
@@ -104,7 +121,7 @@ def main() -> None:
         out["uss_mb"][k] = {"first_tenth": statistics.fmean(v for _, v in pts[:tenth]),
                             "last_tenth": statistics.fmean(v for _, v in pts[-tenth:]),
                             "mb_per_step_second_half": slope([p for p in pts if p[0] >= args.steps // 2])}
-    print(json.dumps(out, indent=1))
+    return out
 
 
 if __name__ == "__main__":

@@ -297,6 +297,8 @@ class DyingWorker(FakeWorker):
     """Dies mid-group once, at its ``die_at``-th group: the call raises ActorDied as the Ray handle
     does; ``revive`` then gives the new process the last published weights."""
 
+    wants_weights = True
+
     def __init__(self, delay: float, die_at: int):
         super().__init__(delay)
         self.name, self.generation, self.die_at, self.calls = "rollout worker 0", 0, die_at, 0
@@ -410,3 +412,88 @@ def test_fake_a_dead_scorer_is_revived_and_the_same_group_scored_never_trained_w
     asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
     assert scorer.died == 1 and ctl.state.step == 3 and ctl.state.restarts == 1 and ctl.state.replayed == 0
     assert all("teacher_logprobs" in mb.aux for mb in trained)
+
+
+# ----- the collective weight sync: a restarted consumer joins a new weight group -----------------
+class CollectiveLearner(FakeLearner):
+    """Has a weight group, as the Ray LearnerGroup does with cluster.weight_sync=collective; the
+    ``die_in`` publish (1-based) fails the first time because ``victim`` died in the broadcast."""
+
+    def __init__(self, delay: float, victim=None, die_in: int = 0):
+        super().__init__(delay)
+        self.weight_group = {"world_size": 2}
+        self.victim, self.die_in = victim, die_in
+        self.published, self.reforms = [], 0
+
+    async def reform_weight_group(self, workers, scorer=None):
+        self.reforms += 1
+
+    async def publish(self, version, workers, scorer=None):
+        from actors.handles import ActorDied
+
+        self.published.append(version)
+        if len(self.published) == self.die_in:
+            self.victim.version = 0  # the new process holds the initial weights
+            raise ActorDied(self.victim, self.victim.generation, RuntimeError("gloo: connection reset"))
+        return await super().publish(version, workers, scorer)
+
+
+def test_fake_collective_a_worker_dead_in_a_rollout_call_rejoins_a_new_group_with_current_weights():
+    worker = DyingWorker(0.01, die_at=3)  # dies in its first group of step 2 (lag 0)
+    learner = CollectiveLearner(0.01)
+    ctl, history = run(make_cfg(lag=0, steps=4), [worker], learner)
+    assert ctl.state.step == 4 and ctl.state.restarts == 1 and ctl.state.replayed == 1
+    assert worker.revived == [None]  # no object-store packet: the new group carries the weights
+    assert learner.reforms == 1
+    # The re-formed group got the published version (1) again before the replayed group played.
+    assert learner.published == [1, 1, 2, 3, 4]
+    assert worker.lost_seeds[0] in worker.seeds
+
+
+def test_fake_collective_a_worker_dead_in_the_broadcast_rejoins_and_the_broadcast_is_repeated():
+    worker = DyingWorker(0.01, die_at=0)
+    learner = CollectiveLearner(0.01, victim=worker, die_in=2)
+    ctl, history = run(make_cfg(lag=0, steps=4), [worker], learner)
+    assert ctl.state.step == 4 and ctl.state.restarts == 1 and ctl.state.replayed == 0
+    assert learner.reforms == 1 and learner.published == [1, 2, 2, 3, 4]
+    assert worker.version == 4
+
+
+def test_fake_collective_a_consumer_that_cannot_come_back_stops_with_a_weight_sync_error():
+    from pipeline.distributed.weight_sync import WeightSyncError
+
+    class Gone(DyingWorker):
+        async def revive(self, generation, weights):
+            raise RuntimeError("rollout worker 0 died and Ray will not restart it (cluster.max_restarts used up)")
+
+    worker = Gone(0.01, die_at=0)
+    with pytest.raises(WeightSyncError, match="will not restart it"):
+        run(make_cfg(lag=0, steps=4), [worker], CollectiveLearner(0.01, victim=worker, die_in=2))
+
+
+def test_fake_actor_a_hung_group_kills_its_worker_once_however_many_calls_timed_out(monkeypatch):
+    """RayRollout over a FAKE Ray actor whose run_group never answers: every call in flight times
+    out (rollout.group_timeout_s) and raises ActorDied of the same generation; the process is
+    killed once, with a restart allowed."""
+    import ray
+
+    from actors.handles import ActorDied, RayRollout
+
+    class Method:
+        def remote(self, **kw):
+            return asyncio.sleep(3600)
+
+    class HungActor:
+        run_group = Method()
+
+    kills = []
+    monkeypatch.setattr(ray, "kill", lambda actor, no_restart: kills.append((actor, no_restart)))
+    handle = RayRollout(HungActor(), "rollout worker 0", group_timeout_s=0.05)
+
+    async def main():
+        return await asyncio.gather(*[handle.run_group(task_seed=i) for i in range(3)], return_exceptions=True)
+
+    errors = asyncio.run(main())
+    assert all(isinstance(e, ActorDied) and e.generation == 0 for e in errors), errors
+    assert "group_timeout_s=0.05" in str(errors[0])
+    assert len(kills) == 1 and kills[0][1] is False

@@ -174,6 +174,14 @@ def test_scripted_expert_wins_and_the_answer_is_in_the_retrieved_text(hops):
             assert env.question.queries[k] in seen[k]
 
 
+def test_the_privileged_hint_names_each_hops_query_and_the_gold_answer():
+    env = env_for(seed=3, hops=[2])
+    q = env.question
+    hint = env.privileged_hint()
+    assert hint == f"Search for: {q.queries[0]}, then {q.queries[1]}. The answer is {q.answers[0]}."
+    assert make_env("search_qa", {}, split="train").privileged_hint() is None  # before reset
+
+
 def test_random_answers_rarely_win():
     corpus = generated_corpus()
     rng = random.Random(0)
