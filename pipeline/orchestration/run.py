@@ -115,6 +115,13 @@ def start_ray(cfg: PrivyConfig) -> None:
         # the node's IP) and gloo's connections all stay on the loopback interface.
         if Path("/sys/class/net/lo").exists():
             env_vars.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        # Ray replaces a node IP of 127.0.0.1 with the host's reachable address (and then its gRPC
+        # servers listen on every interface) unless clusters are off, as on macOS; that switch is
+        # read when ray is imported, so it is set in both places.
+        from ray._private import ray_constants
+
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
         ray.init(address="local", num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
                  include_dashboard=cfg.cluster.dashboard, log_to_driver=True,
                  runtime_env={"env_vars": env_vars}, _node_ip_address="127.0.0.1")
