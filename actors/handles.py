@@ -152,6 +152,7 @@ class LearnerGroup:
         self.pad_id = pad_id
         self.weight_group: dict | None = None  # set by init_weight_group: publish broadcasts
         self.last_packet = None  # the object-store ref of the last published weights
+        self.death_grace_s = 10.0  # after a failed broadcast, how long to wait for a member's death notice
         self._packet_nbytes: int | None = None
 
     async def train_step(self, minibatches: list[TrainBatch]) -> dict[str, float]:
@@ -238,6 +239,11 @@ class LearnerGroup:
         limit = self.weight_group["timeout_s"] + 30
         tasks = [asyncio.ensure_future(x) for x in (*sends, *recvs)]
         done, pending = await asyncio.wait(tasks, timeout=limit, return_when=asyncio.FIRST_EXCEPTION)
+        if pending and any(t.exception() is not None for t in done):
+            # One member's failure is often another's death, seen first ("connection closed by
+            # peer"): give Ray a moment to report it, so a restartable death is told apart.
+            more, pending = await asyncio.wait(pending, timeout=self.death_grace_s)
+            done |= more
         for t in pending:  # the run stops: nothing waits for the rest
             t.cancel()
         failed = [(n, t.exception()) for n, t in zip(names, tasks) if t in done and t.exception() is not None]

@@ -232,6 +232,7 @@ class Controller:
             try:
                 return await self.learner.publish(version, self.workers, self.scorer)
             except ActorDied as died:
+                self.events.record("sync_retry", step=self.state.step, version=version, actor=died.handle.name)
                 try:
                     await self._revive_into_group(died)
                 except RuntimeError as e:  # Ray will not restart it: stop, with a checkpoint
