@@ -5,7 +5,8 @@
 A real run (tiny model, keyword task) whose learner is made several times slower than its
 rollouts: micro-batches of 64 tokens and a k3 KL to a reference model (a second forward). Rollouts
 are one short turn. ``--throttle-learner F`` also keeps the learner's process stopped (SIGSTOP) a
-fraction F of the time (``pipeline/tools/faults.py``), 1 / (1 - F) times slower again. A sampler thread reads the resident memory of the driver and of every process
+fraction F of the time (``pipeline/tools/faults.py``), 1 / (1 - F) times slower again. A sampler
+thread reads the resident memory of the driver and of every process
 it started (the Ray actors), once a second. Prints one JSON object:
 
 * the learner/rollout time ratio actually reached;

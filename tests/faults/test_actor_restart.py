@@ -25,6 +25,13 @@ ARGS = ["model=tiny", "env=keyword", "method=sdar", f"trainer.total_steps={STEPS
         "logger.progress=false", "learner.precision=fp32", "rollout.precision=fp32", "scorer.precision=fp32"]
 
 
+def _launch(args: list[str], run_dir: Path) -> subprocess.Popen:
+    """The public entry point in a session of its own (killable as a group), stderr captured."""
+    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *args, f"trainer.run_dir={run_dir}"],
+                            cwd=run_dir.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
 def _steps(metrics: Path) -> list[dict]:
     return [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
 
@@ -44,9 +51,7 @@ def _kill_when(proc, metrics: Path, cls: str, after_step: int, timeout: float = 
 
 def test_killed_rollout_worker_and_scorer_are_restarted_and_the_run_finishes(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *ARGS, f"trainer.run_dir={run_dir}"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = _launch(ARGS, run_dir)
     try:
         metrics = run_dir / "metrics.jsonl"
         rollout_pid = _kill_when(proc, metrics, "RolloutWorker", after_step=1)
@@ -90,9 +95,7 @@ def test_a_hung_rollout_worker_and_a_hung_scorer_are_killed_restarted_and_their_
     instead of waiting forever."""
     run_dir = tmp_path / "run"
     args = [*ARGS, "rollout.group_timeout_s=15", "scorer.timeout_s=15"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *args, f"trainer.run_dir={run_dir}"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = _launch(args, run_dir)
     try:
         metrics = run_dir / "metrics.jsonl"
         _stop_when(proc, metrics, "RolloutWorker", after_step=2)
@@ -119,9 +122,7 @@ def test_with_the_collective_weight_sync_a_dead_worker_rejoins_a_new_weight_grou
     run_dir = tmp_path / "run"
     args = [a for a in ARGS if not a.startswith("method=")] + ["method=sdar", "cluster.weight_sync=collective",
                                                               "cluster.sync_timeout_s=60"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *args, f"trainer.run_dir={run_dir}"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = _launch(args, run_dir)
     try:
         _kill_when(proc, run_dir / "metrics.jsonl", "RolloutWorker", after_step=3)
         _, err = proc.communicate(timeout=900)

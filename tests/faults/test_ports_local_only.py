@@ -6,18 +6,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from test_actor_restart import _steps
+from test_actor_restart import _launch, _steps
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["model=tiny", "env=keyword", "trainer.total_steps=3", "trainer.groups_per_step=1", "rollout.group_size=2",
         "rollout.max_new_tokens=8", "trainer.val_every=0", "trainer.ckpt_every=0", "logger.progress=false",
         "learner.precision=fp32", "rollout.precision=fp32"]
@@ -49,9 +45,7 @@ def _loopback(ip: str) -> bool:
 
 def test_every_port_of_a_local_run_listens_on_loopback_only(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *ARGS, f"trainer.run_dir={run_dir}"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = _launch(ARGS, run_dir)
     try:
         t0 = time.time()
         while len(_steps(run_dir / "metrics.jsonl")) < 1:  # every actor is up and has trained once

@@ -8,18 +8,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from pipeline.tools.faults import Throttle, actor_pid
-from test_actor_restart import _steps
+from test_actor_restart import _launch, _steps
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS, GROUPS, LAG = 10, 2, 1
 ARGS = ["model=tiny", "env=keyword", f"trainer.total_steps={STEPS}", f"trainer.groups_per_step={GROUPS}",
         f"trainer.max_policy_lag={LAG}", "rollout.group_size=2", "rollout.max_new_tokens=8",
@@ -29,9 +25,7 @@ ARGS = ["model=tiny", "env=keyword", f"trainer.total_steps={STEPS}", f"trainer.g
 
 def test_a_learner_10x_slower_than_rollouts_keeps_the_buffer_and_the_lag_bounded(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *ARGS, f"trainer.run_dir={run_dir}"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = _launch(ARGS, run_dir)
     throttle = Throttle(lambda: actor_pid(proc.pid, "LearnerActor"), stopped=0.9)
     throttle.start()
     try:

@@ -11,19 +11,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from pipeline.tools.faults import Throttle, actor_pid
-from test_actor_restart import ARGS, STEPS, _steps
+from test_actor_restart import ARGS, STEPS, _launch, _steps
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _title(pid: int) -> str:
@@ -40,9 +37,7 @@ def _run_and_hit_the_receiver_mid_broadcast(run_dir: Path, sig: int, sync_timeou
     the learner is inside a broadcast; returns (exit code, stderr)."""
     args = [a for a in ARGS if not a.startswith("method=")] + ["method=grpo", "cluster.weight_sync=collective",
                                                               f"cluster.sync_timeout_s={sync_timeout_s}"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *args, f"trainer.run_dir={run_dir}"],
-                            cwd=run_dir.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = _launch(args, run_dir)
     throttle = None
     try:
         t0 = time.time()
