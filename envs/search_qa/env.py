@@ -81,6 +81,14 @@ FEEDBACK = {
 }
 CRITERIA = tuple(FEEDBACK)
 
+# What each generated question kind asks for, in the expert's reasoning (the last hop's entity).
+ASKS = {"company_founder": "who founded {entity}", "product_founder": "who founded {entity}",
+        "company_hq": "the city where {entity} is headquartered", "product_hq": "the city where {entity} is headquartered",
+        "company_year": "the year {entity} was founded", "product_year": "the year {entity} was founded",
+        "product_maker": "the company that makes the {entity}",
+        "person_birthplace": "the city where {entity} was born", "founder_birthplace": "the city where {entity} was born",
+        "product_founder_birthplace": "the city where {entity} was born"}
+
 
 # ----- scoring (Search-R1's qa_em, SQuAD F1) ------------------------------------------------------
 
@@ -429,16 +437,38 @@ class SearchQAEnv(TextEnv):
     def expert_response(self) -> str:
         """The next response of a scripted expert: one search per hop (the entity's name), then the gold answer.
 
-        Only meaningful for corpora that record queries (generated, wiki); with ``file`` questions
-        the expert answers at once.
+        Its reasoning says what the question asks for and quotes the document sentence that
+        carries the next entity or the answer, so a clone learns to read the right fact (a year
+        and a founder share one sentence) rather than to guess the answer's kind. Only meaningful
+        for corpora that record queries (generated, wiki); with ``file`` questions the expert
+        answers at once.
         """
         if self._q is None:
             raise RuntimeError("SearchQAEnv.expert_response() before reset()")
-        queries = [qq for qq in self._q.queries if qq]
-        if self._searches < len(queries):
-            query = queries[self._searches]
-            return f"<think>I need to look up {query}.</think>\n<search> {query} </search>"
-        return f"<think>The documents give the answer.</think>\n<answer> {self._q.answers[0]} </answer>"
+        q = self._q
+        queries = [qq for qq in q.queries if qq]
+        hop = self._searches
+        if hop < len(queries):
+            query = queries[hop]
+            found = self._support_sentence(hop - 1, query) if hop else ""
+            said = f"The document says: {found} " if found else ""
+            return f"<think>{said}I need to look up {query}.</think>\n<search> {query} </search>"
+        asked = ASKS.get(q.kind, "").format(entity=queries[-1] if queries else "")
+        found = self._support_sentence(len(queries) - 1, q.answers[0]) if queries else ""
+        think = " ".join(x for x in (f"The question asks for {asked}." if asked else "",
+                                     f"The document says: {found}" if found else "") if x)
+        return f"<think>{think or 'The documents give the answer.'}</think>\n<answer> {q.answers[0]} </answer>"
+
+    def _support_sentence(self, hop: int, needle: str) -> str:
+        """The sentence of hop ``hop``'s supporting document that names ``needle`` ("" if unknown)."""
+        corpus = corpus_for(self.opts)
+        doc = corpus.by_id.get(self._q.support[hop]) if corpus is not None and 0 <= hop < len(self._q.support) else None
+        if doc is None:
+            return ""
+        for sentence in re.split(r"(?<=\.)\s+", doc.text):
+            if needle.lower() in sentence.lower():
+                return sentence
+        return ""
 
     def build_messages(self, history: list[tuple[str, str]], observation: Observation,
                        history_length: int) -> list[Message]:

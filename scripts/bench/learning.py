@@ -5,7 +5,8 @@
 
 Every point is a full training run (``scripts/train.py``, one process each, one after another)
 into ``OUT/<method>_s<seed>``; a point with a ``summary.json`` is skipped on a rerun, so a
-comparison that died resumes where it stopped. All points share the preset's overrides, hence
+comparison that died resumes where it stopped. A finished point's checkpoints are deleted
+(``--keep-checkpoints`` keeps them). All points share the preset's overrides, hence
 the warm start (built once, cached) and the rollout budget (groups per step, group size, steps).
 Then it writes ``OUT/learning.md`` / ``.csv`` (final and best ``val/success`` mean +- std over
 seeds, the first step whose mean reaches GRPO's final mean, and each method's diagnostics: gate
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,19 +36,19 @@ PRESETS = {
         "methods": ["grpo", "gigpo", "sdar_hints"],
         "overrides": ["+experiment=alfworld_warm_start", "trainer.ckpt_every=0", "logger.progress=false"],
     },
-    # Search-QA from its expert warm start (held-out greedy success 0.19 before RL): GRPO against
-    # SDAR whose teacher is told the expert's queries and the gold answer (the env's hint).
+    # Search-QA from its expert warm start (conf/experiment/search_qa_warm_start.yaml: 16 steps,
+    # 64 held-out questions): GRPO against SDAR whose teacher is told the expert's queries and the
+    # gold answer (the env's hint).
     "search_qa_cpu": {
         "methods": ["grpo", "sdar_hints"],
-        "overrides": ["+experiment=search_qa_warm_start", "trainer.total_steps=12", "learner.lr=2e-5",
-                      "trainer.ckpt_every=0", "logger.progress=false"],
+        "overrides": ["+experiment=search_qa_warm_start", "trainer.ckpt_every=0", "logger.progress=false"],
     },
 }
 DIAGNOSTICS = {"gate_mean": "/gate_mean", "neg_gap_frac": "/negative_gap_frac", "privilege_gap": "val/privilege_gap",
                "retire_step": "/retire_step", "shaping_abs_mean": "/shaping_abs_mean"}
 
 
-def run_point(out: Path, method: str, seed: int, overrides: list[str]) -> dict:
+def run_point(out: Path, method: str, seed: int, overrides: list[str], keep_checkpoints: bool = False) -> dict:
     run_dir = out / f"{method}_s{seed}"
     if (run_dir / "summary.json").exists():
         print(f"learning: {run_dir.name} finished earlier: skipped", flush=True)
@@ -59,6 +61,8 @@ def run_point(out: Path, method: str, seed: int, overrides: list[str]) -> dict:
         print(f"learning: {run_dir.name} exit {r.returncode} in {time.time() - t0:.0f} s", flush=True)
         if r.returncode != 0:
             return {"method": method, "seed": seed, "error": f"exit {r.returncode}", "rows": []}
+        if not keep_checkpoints:  # a finished point's metrics are all the table needs; a checkpoint is GBs
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return {"method": method, "seed": seed, "rows": rows,
             "seconds": json.loads((run_dir / "summary.json").read_text())["seconds"]}
@@ -149,12 +153,14 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--out", default=str(ROOT / "runs" / "learning"))
+    ap.add_argument("--keep-checkpoints", action="store_true",
+                    help="keep each finished point's checkpoints (about 2 GB each for SmolLM2); default: delete them")
     args, extra = ap.parse_known_args()
     preset = PRESETS[args.preset]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # seed-major: a comparison stopped early still has every method at the seeds it reached
-    points = [run_point(out, m, s, preset["overrides"] + extra)
+    points = [run_point(out, m, s, preset["overrides"] + extra, args.keep_checkpoints)
               for s in args.seeds for m in args.methods or preset["methods"]]
     table = summarise(points, out)
     print(json.dumps(table, indent=1))

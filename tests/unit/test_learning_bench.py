@@ -38,3 +38,23 @@ def test_the_table_averages_seeds_and_finds_when_a_method_reaches_grpo(tmp_path)
         assert len(list(csv.DictReader(f))) == 3
     assert (tmp_path / "learning.png").stat().st_size > 1000
     assert "| sdar_hints |" in (tmp_path / "learning.md").read_text()
+
+
+def test_a_finished_point_loses_its_checkpoints_unless_kept_with_a_fake_train_process(tmp_path, monkeypatch):
+    """run_point around a stand-in for scripts/train.py (a function writing what a run writes)."""
+    import json
+
+    def fake_run(cmd, cwd):
+        run_dir = Path(next(a for a in cmd if a.startswith("trainer.run_dir=")).split("=", 1)[1])
+        (run_dir / "checkpoints" / "step_2").mkdir(parents=True)
+        (run_dir / "checkpoints" / "step_2" / "model.safetensors").write_bytes(b"0" * 1024)
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/success": 0.5}) + "\n")
+        (run_dir / "summary.json").write_text(json.dumps({"seconds": 3.0}))
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    p = bench.run_point(tmp_path, "grpo", 0, [])
+    assert p["rows"] == [{"step": 0, "val/success": 0.5}] and p["seconds"] == 3.0
+    assert not (tmp_path / "grpo_s0" / "checkpoints").exists()
+    bench.run_point(tmp_path, "grpo", 1, [], keep_checkpoints=True)
+    assert (tmp_path / "grpo_s1" / "checkpoints" / "step_2" / "model.safetensors").exists()

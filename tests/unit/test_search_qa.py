@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import random
 import socket
 import threading
@@ -172,6 +173,30 @@ def test_scripted_expert_wins_and_the_answer_is_in_the_retrieved_text(hops):
         assert normalize_answer(env.question.answers[0]) in normalize_answer(seen[-1])
         for k in range(1, hops):
             assert env.question.queries[k] in seen[k]
+
+
+@pytest.mark.parametrize("hops", [1, 2, 3])
+def test_the_experts_reasoning_quotes_the_sentence_it_read_and_says_what_is_asked(hops):
+    """What a clone learns to read: each later query's sentence, then the sentence holding the
+    answer, quoted from the information it saw; the answer turn names the asked-for relation."""
+    from envs.search_qa.env import ASKS
+
+    for seed in range(8):
+        env = env_for(seed=seed, hops=[hops])
+        q, seen, responses = env.question, [env.task_text], []
+        while True:
+            responses.append(env.expert_response())
+            r = env.step(responses[-1])
+            seen.append(r.observation.text)
+            if r.done:
+                break
+        quoted = [re.search(r"The document says: (.*?)(?: I need|</think>)", t) for t in responses]
+        assert quoted[0] is None  # nothing read yet
+        for k in range(1, hops + 1):
+            sentence = quoted[k].group(1)
+            assert sentence in seen[k]  # copied from the information of the search before
+            assert (q.queries[k] if k < hops else q.answers[0]).lower() in sentence.lower()
+        assert f"The question asks for {ASKS[q.kind].format(entity=q.queries[-1])}." in responses[-1]
 
 
 def test_the_privileged_hint_names_each_hops_query_and_the_gold_answer():

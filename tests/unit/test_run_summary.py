@@ -1,0 +1,20 @@
+"""The line a finished run prints: its last train step, then held-out success at every validation."""
+from __future__ import annotations
+
+import json
+
+from pipeline.tools.cli import summary_line
+
+
+def test_the_summary_shows_held_out_success_from_the_start_to_the_end(tmp_path):
+    rows = [{"step": 0, "val/success": 0.4375}, {"step": 1, "rollout/success": 0.25},
+            {"step": 2, "rollout/reward": 0.5, "rollout/success": 0.5, "val/success": 0.59375}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = summary_line(rows[1:], tmp_path)
+    assert line == (f"privy-rl: done: 2 steps in {tmp_path}; last train reward 0.500, success 0.500; "
+                    "held-out success 0.438 (step 0) -> 0.594 (step 2)")
+
+
+def test_a_run_without_validation_prints_only_its_last_train_step(tmp_path):
+    line = summary_line([{"rollout/reward": 1.0, "rollout/success": 1.0}], tmp_path)
+    assert line.endswith("last train reward 1.000, success 1.000")
