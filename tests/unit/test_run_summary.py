@@ -13,6 +13,10 @@ def test_the_summary_shows_held_out_success_from_the_start_to_the_end(tmp_path):
     line = summary_line(rows[1:], tmp_path)
     assert line == (f"privy-rl: done: 2 steps in {tmp_path}; last train reward 0.500, success 0.500; "
                     "held-out success 0.438 (step 0) -> 0.594 (step 2)")
+    # a resumed run logs step 2 again: its validation is shown once, the later value
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 2, "val/success": 0.625}) + "\n")
+    assert summary_line(rows[1:], tmp_path).endswith("0.438 (step 0) -> 0.625 (step 2)")
 
 
 def test_a_run_without_validation_prints_only_its_last_train_step(tmp_path):

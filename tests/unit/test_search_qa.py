@@ -197,6 +197,8 @@ def test_the_experts_reasoning_quotes_the_sentence_it_read_and_says_what_is_aske
             assert sentence in seen[k]  # copied from the information of the search before
             assert (q.queries[k] if k < hops else q.answers[0]).lower() in sentence.lower()
         assert f"The question asks for {ASKS[q.kind].format(entity=q.queries[-1])}." in responses[-1]
+    # every kind the generated world asks has its phrase (a new kind without one would reason less)
+    assert {q.kind for q in corpus_mod.generated_corpus().questions} == set(ASKS)
 
 
 def test_the_privileged_hint_names_each_hops_query_and_the_gold_answer():
