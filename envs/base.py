@@ -96,6 +96,12 @@ class TextEnv(abc.ABC):
         The warm start (``pipeline/warm_start``) clones these."""
         return None
 
+    def hinted_expert_response(self) -> str | None:
+        """The next response of the expert that knows ``privileged_hint()``: what a teacher given
+        the hint should favour. ``warm_start.hint_placement`` clones it with the hint in the
+        prompt, so that the policy acts on a hint when it has one. Default: ``expert_response``."""
+        return self.expert_response()
+
     def privileged_hint(self) -> str | None:
         """Privileged state of the current task as text (what a teacher may know and the student
         does not: where things are, the target's attributes), or None where the env has none.

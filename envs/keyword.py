@@ -95,6 +95,11 @@ class KeywordEnv(TextEnv):
     def task_id(self) -> str:
         return f"keyword-{self.split}-{self._word}"
 
+    def expert_response(self) -> str:
+        """The answer block alone: all three criteria (the warm start clones it; with
+        ``hint_format=false`` the instruction no longer shows the block, so only a clone knows it)."""
+        return f"<answer>{self._word}</answer>"
+
     def build_messages(self, history, observation, history_length) -> list[Message]:
         return [Message(role="user", content=observation.text)]
 

@@ -290,6 +290,17 @@ class AlfworldEnv(TextEnv):
             return None
         return f"<think>{expert_reason(action)}</think><action>{action}</action>"
 
+    def hinted_expert_response(self) -> str | None:
+        """Told where the objects are (``privileged_hint``, read off the walkthrough), the expert
+        follows the stored walkthrough straight there instead of searching. Only valid while
+        every move so far came from it."""
+        if self._record is None:
+            raise RuntimeError("AlfworldEnv.hinted_expert_response() before reset()")
+        plan = self._record.walkthrough or []
+        if self._moves >= len(plan):
+            return None
+        return f"<think>{expert_reason(plan[self._moves])}</think><action>{plan[self._moves]}</action>"
+
     def privileged_hint(self) -> str | None:
         """Where the task's objects are and where they go, read off the stored walkthrough (the
         student only learns this by searching): ``The mug 1 is in/on the shelf 2. It goes

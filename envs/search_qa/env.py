@@ -459,6 +459,13 @@ class SearchQAEnv(TextEnv):
                                      f"The document says: {found}" if found else "") if x)
         return f"<think>{think or 'The documents give the answer.'}</think>\n<answer> {q.answers[0]} </answer>"
 
+    def hinted_expert_response(self) -> str:
+        """Told the gold answer (``privileged_hint``), the expert answers at once."""
+        if self._q is None:
+            raise RuntimeError("SearchQAEnv.hinted_expert_response() before reset()")
+        answer = self._q.answers[0]
+        return f"<think>The hint gives the answer: {answer}.</think>\n<answer> {answer} </answer>"
+
     def _support_sentence(self, hop: int, needle: str) -> str:
         """The sentence of hop ``hop``'s supporting document that names ``needle`` ("" if unknown)."""
         corpus = corpus_for(self.opts)

@@ -194,6 +194,11 @@ class WarmStartConfig:
     seed: int = 0  # shuffles the rows
     precision: str = "auto"  # of the cloning learner; auto = bf16 where native
     cache_dir: str | None = None  # where clones live; None = <model cache>/warm_start
+    # Also clone each task as played by the expert that knows the env's privileged hint
+    # (TextEnv.hinted_expert_response), the hint in its prompts at this placement (raw_prefix |
+    # system | user, as the teacher's method.placement; None = no such episodes). A hints teacher
+    # (method=sdar_hints) has something to distil only once the policy acts on a hint.
+    hint_placement: str | None = None
 
 
 @dataclass
@@ -354,6 +359,9 @@ def validate(cfg: PrivyConfig) -> None:
     _require(w.batch_rows >= 1, "warm_start.batch_rows must be >= 1")
     _require(w.lr_schedule in ("constant", "cosine"), f"warm_start.lr_schedule={w.lr_schedule!r}: constant | cosine")
     _require(w.precision in PRECISIONS, f"warm_start.precision={w.precision!r}: one of {', '.join(PRECISIONS)}")
+    places = ("raw_prefix", "system", "user")
+    _require(w.hint_placement is None or w.hint_placement in places,
+             f"warm_start.hint_placement={w.hint_placement!r}: null or one of {', '.join(places)}")
 
 
 def validate_sweep(s: SweepConfig) -> None:

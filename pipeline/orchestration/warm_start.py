@@ -42,41 +42,67 @@ class ExpertRows:
     turns: list[int]  # turns of each won episode
 
 
-def expert_rows(env_cfg: EnvConfig, prompts, tasks: int, max_turns: int | None = None) -> ExpertRows:
-    """Play the expert on train tasks ``0..tasks-1`` and return the turns of the episodes it won."""
-    from envs import make_env
+def expert_rows(env_cfg: EnvConfig, prompts, tasks: int, max_turns: int | None = None,
+                hint_placement: str | None = None) -> ExpertRows:
+    """Play the expert on train tasks ``0..tasks-1`` and return the turns of the episodes it won.
 
-    rows, won, turns = [], 0, []
+    With ``hint_placement``, each task is played a second time by the expert that knows the env's
+    privileged hint (``TextEnv.hinted_expert_response``: Search-QA's answers at once, ALFWorld's
+    walks straight to the objects), each prompt carrying the hint at that placement exactly as a
+    ``hints`` teacher scores it (the hint inserted into the student's ids, never cut). The clone
+    then acts on a hint when it has one, so a hints teacher knows better than the student."""
+    from pipeline.context.prompts import TeacherPrompts
+
+    out = ExpertRows([], 0, 0, [])
+    hinted = (TeacherPrompts(prompts.tokenizer, max_total_tokens=1 << 30), hint_placement) if hint_placement else None
     for seed in range(tasks):
-        env = make_env(env_cfg.name, env_cfg.options, env_cfg.train_split)
-        try:
-            obs, history, episode, res = env.reset(seed), [], [], None
-            limit = max_turns or env.max_turns
-            for turn in range(limit):
-                text = env.expert_response()
-                if text is None:  # the expert has nothing more to do (check_launch refuses envs without one)
-                    break
-                messages, ids, truncated, _ = prompts.build(env, history, obs, turn)
-                res = env.step(text)
-                if not res.action_valid:
-                    raise RuntimeError(f"{env_cfg.name} task {seed} turn {turn}: the expert's response "
-                                       f"{text!r} is invalid ({res.info.get('invalid_reason')})")
-                response = prompts.response_ids(messages, text)
-                episode.append(TurnRecord(prompt_ids=ids, response_ids=response,
-                                          behaviour_logprobs=[0.0] * len(response), policy_version=0,
-                                          turn_index=turn, messages=messages, response_text=text,
-                                          action=res.action, truncated_prompt=truncated))
-                history.append((obs.text, res.action))
-                obs = res.observation
-                if res.done:
-                    break
-            if res is not None and res.won:
-                won += 1
-                turns.append(len(episode))
-                rows.extend(episode)
-        finally:
-            env.close()
-    return ExpertRows(rows, tasks, won, turns)
+        _play(env_cfg, prompts, seed, max_turns, None, out)
+        if hinted is not None:
+            _play(env_cfg, prompts, seed, max_turns, hinted, out)
+    return out
+
+
+def _play(env_cfg: EnvConfig, prompts, seed: int, max_turns: int | None, hinted, out: ExpertRows) -> None:
+    """One expert episode; its rows join ``out`` if it is won. ``hinted``: (teacher prompts, placement)."""
+    from envs import make_env
+    from pipeline.context.placement import with_privileged
+
+    env = make_env(env_cfg.name, env_cfg.options, env_cfg.train_split)
+    try:
+        obs, history, episode, res = env.reset(seed), [], [], None
+        hint = env.privileged_hint() if hinted else None
+        if hinted and not hint:
+            return  # no hint for this task: nothing to learn to read
+        for turn in range(max_turns or env.max_turns):
+            text = env.hinted_expert_response() if hint else env.expert_response()
+            if text is None:  # the expert has nothing more to do (check_launch refuses envs without one)
+                break
+            messages, ids, truncated, _ = prompts.build(env, history, obs, turn)
+            res = env.step(text)
+            if not res.action_valid:
+                raise RuntimeError(f"{env_cfg.name} task {seed} turn {turn}: the expert's response "
+                                   f"{text!r} is invalid ({res.info.get('invalid_reason')})")
+            row = TurnRecord(prompt_ids=ids, response_ids=[], behaviour_logprobs=[], policy_version=0,
+                             turn_index=turn, messages=messages, response_text=text, action=res.action,
+                             truncated_prompt=truncated)
+            if hint:
+                teacher, placement = hinted
+                row.prompt_ids = teacher.skills_ids(row, hint, placement)
+                row.messages = with_privileged(messages, hint, placement, prompts.default_system).messages
+            row.response_ids = prompts.response_ids(row.messages, text)
+            row.behaviour_logprobs = [0.0] * len(row.response_ids)
+            episode.append(row)
+            history.append((obs.text, res.action))
+            obs = res.observation
+            if res.done:
+                break
+        out.episodes += 1
+        if res is not None and res.won:
+            out.won += 1
+            out.turns.append(len(episode))
+            out.rows.extend(episode)
+    finally:
+        env.close()
 
 
 # ----- the cache ---------------------------------------------------------------------------------
@@ -178,7 +204,7 @@ def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
     prompts = StudentPrompts(tok, max_prompt_tokens=cfg.rollout.max_prompt_tokens,
                              history_length=cfg.env.history_length)
     w: WarmStartConfig = cfg.warm_start
-    ex = expert_rows(cfg.env, prompts, w.tasks)
+    ex = expert_rows(cfg.env, prompts, w.tasks, hint_placement=w.hint_placement)
     if not ex.rows:
         raise RuntimeError(f"warm start: the expert won none of {w.tasks} {cfg.env.name} train tasks")
     t_rows = time.time() - t0

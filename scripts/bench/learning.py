@@ -43,6 +43,14 @@ PRESETS = {
         "methods": ["grpo", "sdar_hints"],
         "overrides": ["+experiment=search_qa_warm_start", "trainer.ckpt_every=0", "logger.progress=false"],
     },
+    # The same, from a clone that also played each question as the expert told the answer (the
+    # hint in its system message, warm_start.hint_placement=system: it answers at once), so that
+    # SDAR's self-teacher acts on the hint it is given; 8 steps, validations at 0, 4 and 8.
+    "search_qa_hints_cpu": {
+        "methods": ["grpo", "sdar_hints"],
+        "overrides": ["+experiment=search_qa_warm_start", "warm_start.hint_placement=system",
+                      "trainer.total_steps=8", "trainer.ckpt_every=0", "logger.progress=false"],
+    },
 }
 DIAGNOSTICS = {"gate_mean": "/gate_mean", "neg_gap_frac": "/negative_gap_frac", "privilege_gap": "val/privilege_gap",
                "retire_step": "/retire_step", "shaping_abs_mean": "/shaping_abs_mean"}

@@ -49,3 +49,11 @@ def test_same_seed_same_task_and_splits_differ():
 def test_unknown_option_is_a_clear_error():
     with pytest.raises(ValueError, match="max_words"):
         make_env("keyword", {"nope": 1}, split="train")
+
+
+def test_the_expert_wins_every_task_and_the_format_can_be_hidden():
+    env = make_env("keyword", {"hint_format": False}, split="train")
+    for seed in range(20):
+        obs = env.reset(seed)
+        assert "<answer>" not in obs.text  # only a clone of the expert knows the block
+        assert env.step(env.expert_response()).won

@@ -112,8 +112,8 @@ def test_an_env_without_an_expert_fails_at_launch():
     from pipeline.orchestration.run import check_launch
     from pipeline.tools.cli import compose
 
-    with pytest.raises(ConfigError, match="warm_start.enabled=true: env 'keyword' has no expert"):
-        check_launch(compose(["env=keyword", "warm_start.enabled=true"]))
+    with pytest.raises(ConfigError, match="warm_start.enabled=true: env 'webshop' has no expert"):
+        check_launch(compose(["env=webshop", "warm_start.enabled=true"]))
 
 
 def test_the_alfworld_hint_says_where_things_are_and_go():
@@ -125,3 +125,52 @@ def test_the_alfworld_hint_says_where_things_are_and_go():
             "go to cabinet 2", "open cabinet 2", "move mug 1 to cabinet 2"]
     assert walkthrough_hint(plan) == ("The mug 1 is in/on the countertop 1. Heat the mug 1 with the microwave 1. "
                                       "The mug 1 goes in/on the cabinet 2.")
+
+
+def test_hinted_episodes_answer_from_the_hint_in_the_teachers_prompt(tok):
+    """warm_start.hint_placement: each task is played twice, once by the searching expert as the
+    student sees it, once by the expert that knows the hint (Search-QA: it answers at once), its
+    prompt carrying the hint exactly where and as a hints teacher scores it."""
+    from pipeline.context.placement import SKILL_HEADER
+    from pipeline.context.prompts import TeacherPrompts
+
+    env_cfg = EnvConfig(name="search_qa", history_length=4)
+    prompts = StudentPrompts(tok, max_prompt_tokens=1024, history_length=4)
+    plain = expert_rows(env_cfg, prompts, tasks=3)
+    both = expert_rows(env_cfg, prompts, tasks=3, hint_placement="system")
+    assert both.episodes == both.won == 6 and both.turns == [plain.turns[0], 1, plain.turns[1], 1, plain.turns[2], 1]
+    teacher = TeacherPrompts(tok, max_total_tokens=4096)
+    env = make_env("search_qa", {}, "train")
+    k = 0
+    for seed, n in enumerate(plain.turns):
+        student = plain.rows[k:k + n]
+        k += n
+        assert [r.prompt_ids for r in both.rows[k + seed - n:k + seed]] == [r.prompt_ids for r in student]
+        hinted = both.rows[k + seed]
+        env.reset(seed)
+        hint, gold = env.privileged_hint(), env.question.answers[0]
+        assert hinted.turn_index == 0 and hinted.action == f"<answer>{gold}</answer>"
+        assert hinted.prompt_ids == teacher.skills_ids(student[0], hint, "system")
+        assert f"{SKILL_HEADER}\n{hint}" in tok.decode(hinted.prompt_ids)
+        assert tok.decode(hinted.response_ids, skip_special_tokens=True) == hinted.response_text
+    env.close()
+
+
+def test_the_hinted_alfworld_expert_walks_the_walkthrough(tok, env_cfg, rows):
+    both = expert_rows(env_cfg, StudentPrompts(tok, max_prompt_tokens=1024, history_length=1), tasks=6,
+                       hint_placement="user")
+    assert both.episodes == both.won == 12
+    assert both.turns[0::2] == rows.turns  # the searching expert's episodes, unchanged
+    env = make_env("alfworld", env_cfg.options, "train")
+    for seed, n in enumerate(both.turns[1::2]):
+        env.reset(seed)
+        assert n == len(env.game.walkthrough) <= rows.turns[seed]
+    env.close()
+
+
+def test_a_bad_hint_placement_fails_at_launch_naming_the_field():
+    from pipeline.core.config import ConfigError
+    from pipeline.tools.cli import compose
+
+    with pytest.raises(ConfigError, match="warm_start.hint_placement='side'"):
+        compose(["warm_start.enabled=true", "warm_start.hint_placement=side"])

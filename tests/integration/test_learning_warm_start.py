@@ -1,0 +1,40 @@
+"""Learning from a warm start: SmolLM2-135M-Instruct first clones the keyword task's expert with
+the real warm-start stage (DeepSpeed learner, NLL on the expert's replies, cached checkpoint), on
+an instruction that no longer shows the answer format (``hint_format=false``): only the clone
+knows ``<answer>word</answer>``, and it writes it some of the time. GRPO from that checkpoint then
+raises the success on validation tasks, sampled at temperature 1 (real Ray actors, DeepSpeed
+learner, HF engine).
+
+Search-QA's warm start + GRPO is the larger proof (docs/learning.md: 0.44 -> 0.58 held-out over
+2 seeds, 24 min a run); its smallest version that we tried for CI did not learn in 8 steps and
+took 13 minutes, so CI runs this one.
+"""
+import pytest
+
+from pipeline.orchestration.run import run_training
+from pipeline.tools.cli import compose
+from pipeline.tools.sweep_report import read_rows
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+STEPS = 10
+OVERRIDES = ["env=keyword", "env.options.hint_format=false", "warm_start.enabled=true", "warm_start.tasks=8",
+             "warm_start.epochs=2", "warm_start.batch_rows=4", "warm_start.lr=1.4e-4", f"trainer.total_steps={STEPS}",
+             f"trainer.val_every={STEPS}", "trainer.val_at_start=true", "trainer.val_tasks=64",
+             "rollout.val_temperatures=[1.0]", "trainer.ckpt_every=0", "rollout.max_new_tokens=24",
+             "rollout.group_size=8", "trainer.groups_per_step=2", "learner.lr=5e-5", "logger.progress=false"]
+
+
+def test_grpo_raises_the_success_of_a_warm_started_model(ray_local, tmp_path):
+    cfg = compose([*OVERRIDES, f"warm_start.cache_dir={tmp_path / 'clones'}"])
+    run_training(cfg, tmp_path / "run")
+    rows = read_rows(tmp_path / "run")  # the validation before the first step is step 0's row
+    val = [r["val/success"] for r in rows if r.get("val/success") is not None]
+    train = [round(r["rollout/success"], 3) for r in rows if "rollout/success" in r]
+    print("validation success (start, end):", val, "train success per step:", train)
+    assert len(val) == 2, val
+    start, end = val
+    # The clone writes the block some of the time (room to learn), and GRPO makes it the habit
+    # (measured on an AMD EPYC with avx512_bf16: 0.656 -> 0.906; train success 1.0 by step 7).
+    assert 0.05 <= start <= 0.8, val
+    assert end >= start + 0.15, val
