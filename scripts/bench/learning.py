@@ -52,7 +52,7 @@ PRESETS = {
                       "trainer.total_steps=8", "trainer.ckpt_every=0", "logger.progress=false"],
     },
 }
-DIAGNOSTICS = {"gate_mean": "/gate_mean", "neg_gap_frac": "/negative_gap_frac", "privilege_gap": "val/privilege_gap",
+DIAGNOSTICS = {"gate_mean": "/gate_mean", "neg_gap_frac": "/negative_gap_fraction", "privilege_gap": "val/privilege_gap",
                "retire_step": "/retire_step", "shaping_abs_mean": "/shaping_abs_mean"}
 
 

@@ -16,6 +16,7 @@ def _rows(curve, gate=None):
     rows = [{"step": s, "val/success": v, "rollout/success": v} for s, v in enumerate(curve)]
     if gate is not None:
         rows[-1]["sdar/gate_mean"] = gate
+        rows[-1]["sdar/negative_gap_fraction"] = 1 - gate
     return rows
 
 
@@ -33,6 +34,7 @@ def test_the_table_averages_seeds_and_finds_when_a_method_reaches_grpo(tmp_path)
     assert by["grpo"]["final val/success"] == "0.400 ± 0.141"
     assert by["sdar_hints"]["steps to grpo's final"] == "1"  # mean 0.4 at step 1 reaches grpo's 0.4
     assert by["sdar_hints"]["gate_mean"] == "0.500 ± 0.141"
+    assert by["sdar_hints"]["neg_gap_frac"] == "0.500 ± 0.141"  # the loss logs negative_gap_fraction
     assert by["gigpo"]["seeds"] == 0 and by["gigpo"]["failed"] == 1
     with open(tmp_path / "learning.csv") as f:
         assert len(list(csv.DictReader(f))) == 3
