@@ -1,11 +1,14 @@
 """Expert warm start: behaviour cloning of the env's expert before RL, cached like a converted model.
 
-1. **Rows.** The env's expert (``TextEnv.expert_response``: ALFWorld's stored walkthrough, in the
+1. **Rows.** The env's expert (``TextEnv.expert_response``: e.g. ALFWorld's searching expert, in the
    strict ``<think>..</think><action>..</action>`` protocol) plays train tasks 0..tasks-1 through
    the real env. Each expert turn becomes a row whose prompt is built by the rollout's own
    ``StudentPrompts`` from the same history RL keeps, so a cloned row is exactly what RL samples
    from at that state; its response ids end with the template's end-of-turn token, so the model
-   also learns to stop. Episodes the expert does not win are left out (counted).
+   also learns to stop. Episodes the expert does not win are left out (counted). With
+   ``warm_start.hint_placement`` each task is also played by the expert that knows the env's
+   privileged hint, the hint in its prompts where a ``hints`` teacher puts it, so the policy
+   learns to act on a hint (a self-teacher's headroom, docs/learning.md).
 2. **Cloning.** The same DeepSpeed ``LearnerWorker`` as RL, method-blind: a batch whose policy
    term is off (``policy_loss_coef=0``) and whose one aux term is ``nll``. It runs in a spawned
    process of its own (its DeepSpeed process group and threads never touch the driver's).
