@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 STEPS = 10
 OVERRIDES = ["env=keyword", "env.options.hint_format=false", "warm_start.enabled=true", "warm_start.tasks=8",
-             "warm_start.epochs=2", "warm_start.batch_rows=4", "warm_start.lr=1.4e-4", f"trainer.total_steps={STEPS}",
+             "warm_start.epochs=2", "warm_start.batch_rows=4", "warm_start.lr=5e-5", "warm_start.precision=fp32", f"trainer.total_steps={STEPS}",
              f"trainer.val_every={STEPS}", "trainer.val_at_start=true", "trainer.val_tasks=64",
              "rollout.val_temperatures=[1.0]", "trainer.ckpt_every=0", "rollout.max_new_tokens=24",
              "rollout.group_size=8", "trainer.groups_per_step=2", "learner.lr=5e-5", "logger.progress=false"]
@@ -34,7 +34,9 @@ def test_grpo_raises_the_success_of_a_warm_started_model(ray_local, tmp_path):
     print("validation success (start, end):", val, "train success per step:", train)
     assert len(val) == 2, val
     start, end = val
-    # The clone writes the block some of the time (room to learn), and GRPO makes it the habit
-    # (measured on an AMD EPYC with avx512_bf16: 0.656 -> 0.906; train success 1.0 by step 7).
+    # The clone writes the block some of the time (room to learn), and GRPO makes it the habit.
+    # It is cloned in fp32 on every CPU (in bf16 it landed at 0.66 natively and 0.97 in fp32 on
+    # AVX2). Measured on one AMD EPYC: avx512_bf16 rollout 0.109 -> 0.984, forced AVX2 (fp32)
+    # 0.219 -> 0.797.
     assert 0.05 <= start <= 0.8, val
     assert end >= start + 0.15, val
