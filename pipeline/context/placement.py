@@ -31,18 +31,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
-from pipeline.core.types import Message
+from pipeline.core.types import Message, Placement
 
 SKILL_HEADER = "[Privileged Skill Information]"
 FEEDBACK_HEADER = "[Feedback on your previous attempt]"
-
-
-class Placement(StrEnum):
-    RAW_PREFIX = "raw_prefix"
-    SYSTEM = "system"
-    USER = "user"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from pipeline.core.hardware import PRECISIONS
+from pipeline.core.types import Placement
 
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the Hydra config tree (presets: conf/method/)
@@ -359,8 +360,6 @@ def validate(cfg: PrivyConfig) -> None:
     _require(w.batch_rows >= 1, "warm_start.batch_rows must be >= 1")
     _require(w.lr_schedule in ("constant", "cosine"), f"warm_start.lr_schedule={w.lr_schedule!r}: constant | cosine")
     _require(w.precision in PRECISIONS, f"warm_start.precision={w.precision!r}: one of {', '.join(PRECISIONS)}")
-    from pipeline.context.placement import Placement  # the teacher's placements, one list
-
     places = [p.value for p in Placement]
     _require(w.hint_placement is None or w.hint_placement in places,
              f"warm_start.hint_placement={w.hint_placement!r}: null or one of {', '.join(places)}")

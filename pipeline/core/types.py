@@ -26,6 +26,14 @@ class StopReason(StrEnum):
     ERROR = "error"  # the env raised or hung (Episode.error says which and why)
 
 
+class Placement(StrEnum):
+    """Where a teacher's privileged text goes in the student's prompt (pipeline/context/placement.py)."""
+
+    RAW_PREFIX = "raw_prefix"
+    SYSTEM = "system"
+    USER = "user"
+
+
 @dataclass(kw_only=True, slots=True)
 class Message:
     """One chat message, as handed to the tokenizer's chat template."""
