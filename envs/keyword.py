@@ -100,6 +100,10 @@ class KeywordEnv(TextEnv):
         ``hint_format=false`` the instruction no longer shows the block, so only a clone knows it)."""
         return f"<answer>{self._word}</answer>"
 
+    def privileged_hint(self) -> str | None:
+        """The graded form of the answer (what ``hint_format=false`` hides from the student)."""
+        return f"The reply graded correct is exactly: <answer>{self._word}</answer>" if self._word else None
+
     def build_messages(self, history, observation, history_length) -> list[Message]:
         return [Message(role="user", content=observation.text)]
 

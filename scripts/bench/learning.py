@@ -51,6 +51,24 @@ PRESETS = {
         "overrides": ["+experiment=search_qa_warm_start", "warm_start.hint_placement=system",
                       "trainer.total_steps=8", "trainer.ckpt_every=0", "logger.progress=false"],
     },
+    # The keyword task from its fp32 clone (conf/experiment/keyword_warm_start.yaml: hint_format=false,
+    # 10 steps of 2 x 8, validation sampled at T=1 on 64 held-out tasks every 2 steps). Every
+    # teacher method has privileged text that names the hidden format: the skill bank (sdar, adrs,
+    # retire_opd), the hint (sdar_hints), the failed criteria's feedback (targeted_guidance). ADRS's
+    # shaping window and RetireOPD's phase 1 and retirement window are fitted to 10 steps.
+    "keyword_cpu": {
+        "methods": ["grpo", "gigpo", "sdar", "sdar_hints", "adrs", "retire_opd", "targeted_guidance"],
+        "overrides": ["+experiment=keyword_warm_start", "logger.progress=false"],
+        "method_overrides": {"adrs": ["method.warmup_steps=0", "method.active_steps=10"],
+                             "retire_opd": ["method.phase1_steps=10", "method.window=2"]},
+    },
+    # The same task from a clone that also played each task with the hint in its system message
+    # (warm_start.hint_placement=system), so that the policy reads the hint: GRPO against SDAR
+    # whose self-teacher is told the graded answer block.
+    "keyword_hints_cpu": {
+        "methods": ["grpo", "sdar_hints"],
+        "overrides": ["+experiment=keyword_warm_start", "warm_start.hint_placement=system", "logger.progress=false"],
+    },
 }
 DIAGNOSTICS = {"gate_mean": "/gate_mean", "neg_gap_frac": "/negative_gap_fraction", "privilege_gap": "val/privilege_gap",
                "retire_step": "/retire_step", "shaping_abs_mean": "/shaping_abs_mean"}
@@ -70,7 +88,8 @@ def run_point(out: Path, method: str, seed: int, overrides: list[str], keep_chec
         if r.returncode != 0:
             return {"method": method, "seed": seed, "error": f"exit {r.returncode}", "rows": []}
         if not keep_checkpoints:  # a finished point's metrics are all the table needs; a checkpoint is GBs
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+            for ckpt in [run_dir / "checkpoints", *run_dir.glob("*/checkpoints")]:  # and a phase-1 teacher's
+                shutil.rmtree(ckpt, ignore_errors=True)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return {"method": method, "seed": seed, "rows": rows,
             "seconds": json.loads((run_dir / "summary.json").read_text())["seconds"]}
@@ -148,7 +167,7 @@ def plot(by_method: dict[str, list[dict]], path: Path) -> None:
         ax.plot(steps, mean, marker="o", label=f"{m} (n={len(curves)})")
         ax.fill_between(steps, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)], alpha=0.2)
     ax.set_xlabel("step (0 = the warm start)")
-    ax.set_ylabel("val/success (greedy)")
+    ax.set_ylabel("val/success (at the preset's val temperature)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -168,7 +187,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # seed-major: a comparison stopped early still has every method at the seeds it reached
-    points = [run_point(out, m, s, preset["overrides"] + extra, args.keep_checkpoints)
+    per_method = preset.get("method_overrides", {})
+    points = [run_point(out, m, s, preset["overrides"] + per_method.get(m, []) + extra, args.keep_checkpoints)
               for s in args.seeds for m in args.methods or preset["methods"]]
     table = summarise(points, out)
     print(json.dumps(table, indent=1))

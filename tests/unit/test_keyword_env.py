@@ -57,3 +57,12 @@ def test_the_expert_wins_every_task_and_the_format_can_be_hidden():
         obs = env.reset(seed)
         assert "<answer>" not in obs.text  # only a clone of the expert knows the block
         assert env.step(env.expert_response()).won
+
+
+def test_the_privileged_hint_is_the_graded_answer_block():
+    env = make_env("keyword", {"hint_format": False}, split="train")
+    assert env.privileged_hint() is None  # before reset
+    env.reset(5)
+    hint = env.privileged_hint()
+    block = hint.split(": ", 1)[1]
+    assert block == env.expert_response() and env.step(block).won

@@ -50,6 +50,7 @@ def test_a_finished_point_loses_its_checkpoints_unless_kept_with_a_fake_train_pr
         run_dir = Path(next(a for a in cmd if a.startswith("trainer.run_dir=")).split("=", 1)[1])
         (run_dir / "checkpoints" / "step_2").mkdir(parents=True)
         (run_dir / "checkpoints" / "step_2" / "model.safetensors").write_bytes(b"0" * 1024)
+        (run_dir / "phase1_teacher" / "checkpoints" / "step_1").mkdir(parents=True)  # RetireOPD's phase 1
         (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/success": 0.5}) + "\n")
         (run_dir / "summary.json").write_text(json.dumps({"seconds": 3.0}))
         return type("Done", (), {"returncode": 0})()
@@ -58,5 +59,25 @@ def test_a_finished_point_loses_its_checkpoints_unless_kept_with_a_fake_train_pr
     p = bench.run_point(tmp_path, "grpo", 0, [])
     assert p["rows"] == [{"step": 0, "val/success": 0.5}] and p["seconds"] == 3.0
     assert not (tmp_path / "grpo_s0" / "checkpoints").exists()
+    assert not (tmp_path / "grpo_s0" / "phase1_teacher" / "checkpoints").exists()
+    assert (tmp_path / "grpo_s0" / "phase1_teacher").is_dir()  # its metrics stay
     bench.run_point(tmp_path, "grpo", 1, [], keep_checkpoints=True)
     assert (tmp_path / "grpo_s1" / "checkpoints" / "step_2" / "model.safetensors").exists()
+
+
+def test_every_preset_point_is_a_valid_config():
+    """Each method of each preset, with its method overrides, passes the launch checks."""
+    import pytest
+
+    from pipeline.orchestration.run import check_launch
+    from pipeline.tools.cli import compose
+
+    for name, preset in bench.PRESETS.items():
+        for m in preset["methods"]:
+            extra = preset.get("method_overrides", {}).get(m, [])
+            try:
+                cfg = compose([f"method={m}", *preset["overrides"], *extra])
+                check_launch(cfg)
+            except Exception as err:  # noqa: BLE001 - name the point that fails
+                pytest.fail(f"preset {name}, method {m}: {err}")
+            assert cfg.method["name"] == m
