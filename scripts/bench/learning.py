@@ -9,8 +9,10 @@ comparison that died resumes where it stopped. A finished point's checkpoints ar
 (``--keep-checkpoints`` keeps them). All points share the preset's overrides, hence
 the warm start (built once, cached) and the rollout budget (groups per step, group size, steps).
 Then it writes ``OUT/learning.md`` / ``.csv`` (final and best ``val/success`` mean +- std over
-seeds, the first step whose mean reaches GRPO's final mean, and each method's diagnostics: gate
-mean, negative-gap fraction, privilege gap, retirement step, shaping magnitude) and
+seeds, the final minus GRPO's at the same seed, the mean over the validations after the start
+(the area under the curve), the first step whose mean reaches GRPO's final mean, and each
+method's diagnostics: gate mean, negative-gap fraction, privilege gap, retirement step, shaping
+magnitude) and
 ``OUT/learning.png`` (validation success per step, mean with a +-std band).
 """
 from __future__ import annotations
@@ -121,14 +123,21 @@ def summarise(points: list[dict], out: Path, baseline: str = "grpo") -> list[dic
         steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
         mean_curve[m] = {s: statistics.fmean(c[s] for c in curves) for s in steps}
     target = list(mean_curve.get(baseline, {}).values())[-1:] or [None]
+    # the seed moves every method together, so a method's final minus the baseline's at the same
+    # seed is a tighter comparison than the two spreads
+    base_final = {p["seed"]: c[max(c)] for p in by_method.get(baseline, []) if (c := val_curve(p["rows"]))}
     table = []
     for m, ps in by_method.items():
         done = [p for p in ps if p["rows"]]
         curves = [val_curve(p["rows"]) for p in done]
         reach = next((s for s, v in mean_curve[m].items() if target[0] is not None and v >= target[0]), None)
+        paired = [c[max(c)] - base_final[p["seed"]] for p, c in zip(done, curves) if c and p["seed"] in base_final]
         row = {"method": m, "seeds": len(done), "failed": len(ps) - len(done),
                "initial val/success": _ms([c[min(c)] for c in curves if c]),
                "final val/success": _ms([c[max(c)] for c in curves if c]),
+               f"paired final - {baseline}": "" if m == baseline else _ms(paired),
+               "mean val/success after the start": _ms([statistics.fmean(v for s, v in c.items() if s > min(c))
+                                                        for c in curves if len(c) > 1]),
                "best val/success": _ms([max(c.values()) for c in curves if c]),
                "final train success": _ms([p["rows"][-1].get("rollout/success", 0.0) for p in done]),
                f"steps to {baseline}'s final": "" if reach is None else str(reach),

@@ -33,6 +33,9 @@ def test_the_table_averages_seeds_and_finds_when_a_method_reaches_grpo(tmp_path)
     assert table[0]["method"] == "sdar_hints"  # best final success first
     assert by["grpo"]["final val/success"] == "0.400 ± 0.141"
     assert by["sdar_hints"]["steps to grpo's final"] == "1"  # mean 0.4 at step 1 reaches grpo's 0.4
+    assert by["sdar_hints"]["paired final - grpo"] == "0.200 ± 0.141"  # 0.6-0.3 and 0.6-0.5, seed by seed
+    assert by["grpo"]["paired final - grpo"] == ""
+    assert by["sdar_hints"]["mean val/success after the start"] == "0.500 ± 0.071"  # (0.5+0.6)/2, (0.3+0.6)/2
     assert by["sdar_hints"]["gate_mean"] == "0.500 ± 0.141"
     assert by["sdar_hints"]["neg_gap_frac"] == "0.500 ± 0.141"  # the loss logs negative_gap_fraction
     assert by["gigpo"]["seeds"] == 0 and by["gigpo"]["failed"] == 1
