@@ -66,10 +66,12 @@ PRESETS = {
     },
     # The same task from a clone that also played each task with the hint in its system message
     # (warm_start.hint_placement=system), so that the policy reads the hint: GRPO against SDAR
-    # whose self-teacher is told the graded answer block.
+    # whose self-teacher is told the graded answer block. One epoch, as many optimizer steps as
+    # keyword_cpu's clone: with 2 epochs it started at 0.94 without the hint, no room to learn.
     "keyword_hints_cpu": {
         "methods": ["grpo", "sdar_hints"],
-        "overrides": ["+experiment=keyword_warm_start", "warm_start.hint_placement=system", "logger.progress=false"],
+        "overrides": ["+experiment=keyword_warm_start", "warm_start.hint_placement=system", "warm_start.epochs=1",
+                      "logger.progress=false"],
     },
 }
 DIAGNOSTICS = {"gate_mean": "/gate_mean", "neg_gap_frac": "/negative_gap_fraction", "privilege_gap": "val/privilege_gap",
