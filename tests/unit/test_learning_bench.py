@@ -66,6 +66,7 @@ def test_a_finished_point_loses_its_checkpoints_unless_kept_with_a_fake_train_pr
     assert (tmp_path / "grpo_s0" / "phase1_teacher").is_dir()  # its metrics stay
     bench.run_point(tmp_path, "grpo", 1, [], keep_checkpoints=True)
     assert (tmp_path / "grpo_s1" / "checkpoints" / "step_2" / "model.safetensors").exists()
+    assert (tmp_path / "grpo_s1" / "phase1_teacher" / "checkpoints" / "step_1").is_dir()
 
 
 def test_every_preset_point_is_a_valid_config():
