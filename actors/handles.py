@@ -26,6 +26,11 @@ class ActorDied(RuntimeError):
         self.handle, self.generation, self.cause = handle, generation, cause
 
 
+class LearnerHung(RuntimeError):
+    """A learner call (a training step, a publish, a checkpoint save) got no answer within
+    ``learner.call_timeout_s``: the message names who did not answer."""
+
+
 class WeightsLost(RuntimeError):
     """Raised by a consumer asked to work with weights older than the last published ones: a
     process Ray restarted while it was idle (no call in flight saw the death) holds the initial
@@ -147,9 +152,10 @@ class LearnerGroup:
     contiguously across ranks.
     """
 
-    def __init__(self, ranks: list, pad_id: int):
+    def __init__(self, ranks: list, pad_id: int, call_timeout_s: float = 0.0):
         self.ranks = ranks
         self.pad_id = pad_id
+        self.call_timeout_s = call_timeout_s  # learner.call_timeout_s (0 = never)
         self.weight_group: dict | None = None  # set by init_weight_group: publish broadcasts
         self.last_packet = None  # the object-store ref of the last published weights
         self.death_grace_s = 10.0  # after a failed broadcast, how long to wait for a member's death notice
@@ -158,8 +164,28 @@ class LearnerGroup:
     async def train_step(self, minibatches: list[TrainBatch]) -> dict[str, float]:
         n = len(self.ranks)
         shards = [[split_rows(mb, n)[r] for mb in minibatches] for r in range(n)]
-        results = await asyncio.gather(*[rk.train_step.remote(sh) for rk, sh in zip(self.ranks, shards)])
+        results = await self._answers("train_step", {f"learner rank {r}": rk.train_step.remote(sh)
+                                                      for r, (rk, sh) in enumerate(zip(self.ranks, shards))})
         return combine_rank_metrics(results)
+
+    async def _answers(self, what: str, calls: dict) -> list:
+        """Await ``calls`` (who -> awaitable) together, like ``gather``; after ``call_timeout_s``
+        without every answer, raise LearnerHung naming who did not answer. A hung rank (or a
+        consumer that takes no weights) would otherwise hang the whole run silently."""
+        tasks = {who: asyncio.ensure_future(c) for who, c in calls.items()}
+        done, pending = await asyncio.wait(tasks.values(), timeout=self.call_timeout_s or None,
+                                           return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in tasks.values() if t in done and t.exception() is not None]
+        for t in pending:  # the run stops: nothing waits for the rest
+            t.cancel()
+        if failed:
+            raise failed[0].exception()
+        if pending:
+            silent = [who for who, t in tasks.items() if t in pending]
+            raise LearnerHung(f"{what}: no answer from {', '.join(silent)} within learner.call_timeout_s="
+                              f"{self.call_timeout_s:g} s; stopping the run (resume it from its last "
+                              f"checkpoint: trainer.resume=RUN_DIR)")
+        return [t.result() for t in tasks.values()]
 
     @staticmethod
     def _consumers(workers: list, scorer) -> list:
@@ -215,11 +241,19 @@ class LearnerGroup:
         # object store and read by every consumer.
         refs = [rk.weight_packet.remote(version) for rk in self.ranks]
         ref = self.last_packet = refs[0]  # kept: a restarted consumer gets it (Restartable.revive)
-        consumers = [c.set_weights(ref) for c in self._consumers(workers, scorer)]
-        await asyncio.gather(*consumers, *refs[1:])
+        calls = {getattr(c, "name", "consumer"): c.set_weights(ref) for c in self._consumers(workers, scorer)}
+        calls.update({f"learner rank {r}": x for r, x in enumerate(refs[1:], start=1)})
+        try:
+            await self._answers(f"publishing weights v{version}", calls)
+        except LearnerHung:
+            if not _object_ready(ref):  # the consumers wait for rank 0's packet: name rank 0
+                raise LearnerHung(f"publishing weights v{version}: learner rank 0 made no weight packet "
+                                  f"within learner.call_timeout_s={self.call_timeout_s:g} s; stopping the run "
+                                  f"(resume it from its last checkpoint: trainer.resume=RUN_DIR)") from None
+            raise
         out = {"sync/seconds": time.time() - t0, "sync/version": version}
         if self._packet_nbytes is None:  # the size never changes: ask rank 0 once
-            self._packet_nbytes = await self.ranks[0].packet_nbytes.remote()
+            [self._packet_nbytes] = await self._answers("packet_nbytes", {"learner rank 0": self.ranks[0].packet_nbytes.remote()})
         out["sync/bytes"] = float(self._packet_nbytes)
         return out
 
@@ -264,11 +298,23 @@ class LearnerGroup:
                 "sync/buckets": stats["buckets"]}
 
     async def save(self, ckpt_dir: str) -> None:
-        await asyncio.gather(*[rk.save_checkpoint.remote(ckpt_dir) for rk in self.ranks])
+        await self._answers("save_checkpoint", {f"learner rank {r}": rk.save_checkpoint.remote(ckpt_dir)
+                                                for r, rk in enumerate(self.ranks)})
 
     async def load(self, ckpt_dir: str) -> int:
         versions = await asyncio.gather(*[rk.load_checkpoint.remote(ckpt_dir) for rk in self.ranks])
         return versions[0]
+
+
+def _object_ready(ref) -> bool:
+    """Whether a Ray object exists yet (not fetched here: a weight packet is large); True for
+    anything else (test fakes)."""
+    import ray
+
+    if not isinstance(ref, ray.ObjectRef):
+        return True
+    ready, _ = ray.wait([ref], timeout=0, fetch_local=False)
+    return bool(ready)
 
 
 def combine_rank_metrics(results: list[dict[str, tuple[float, str]]]) -> dict[str, float]:

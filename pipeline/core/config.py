@@ -114,6 +114,10 @@ class LearnerConfig:
     offload_params: bool = False  # ZeRO-3: parameters in CPU memory
     num_cpus: float = 1.0  # Ray CPUs per learner actor
     num_gpus: float = 0.0  # Ray GPUs per learner actor (1 on a GPU cluster; < 1 when colocated)
+    # A training step, weight publish (object-store route) or checkpoint save that gets no answer
+    # in this long stops the run with an error naming the call and who did not answer, instead of
+    # hanging it. 0 = never.
+    call_timeout_s: float = 3600.0
 
 
 @dataclass
@@ -295,6 +299,7 @@ def validate(cfg: PrivyConfig) -> None:
     _require(lr.correction in ("decoupled", "tis", "none"), "learner.correction: decoupled | tis | none")
     _require(lr.behaviour_cap >= 1, "learner.behaviour_cap must be >= 1")
     _require(lr.kl_coef >= 0, f"learner.kl_coef={lr.kl_coef} must be >= 0")
+    _require(lr.call_timeout_s >= 0, f"learner.call_timeout_s={lr.call_timeout_s} must be >= 0 (0 = never)")
     _require(lr.entropy_coef >= 0, f"learner.entropy_coef={lr.entropy_coef} must be >= 0")
     _require(t.total_steps >= 1, "trainer.total_steps must be >= 1")
     _require(t.groups_per_step >= 1, "trainer.groups_per_step must be >= 1")

@@ -126,9 +126,7 @@ class Controller:
                 if not (task is trainer and self.aborted):
                     task.result()
         finally:
-            for task in [trainer, *rollouts]:
-                task.cancel()
-            await asyncio.gather(trainer, *rollouts, return_exceptions=True)
+            await _cancel_all([trainer, *rollouts])
         if self.aborted:
             raise Aborted(f"aborted during step {self.state.step + 1} (a second stop request)")
         return self.history
@@ -435,6 +433,20 @@ class Controller:
                     await self._revive(e)
 
         return list(await asyncio.gather(*[one(i, v) for i, v in enumerate(views)]))
+
+
+async def _cancel_all(tasks: list[asyncio.Task], grace_s: float = 60.0) -> None:
+    """Cancel the loops and wait for them, but boundedly: the run's end (its actors are killed
+    next) must not hang on a task that does not finish its cancellation."""
+    for task in tasks:
+        task.cancel()
+    done, stuck = await asyncio.wait(tasks, timeout=grace_s)
+    for task in done:  # retrieved: their errors after the cancel are not the run's
+        if not task.cancelled():
+            task.exception()
+    if stuck:
+        print(f"privy-rl: warning: {', '.join(t.get_name() for t in stuck)} did not stop within "
+              f"{grace_s:g} s of being cancelled; ending the run without them", file=sys.stderr, flush=True)
 
 
 def teacher_metrics(groups: list[EpisodeGroup], self_teacher: bool) -> dict[str, float]:

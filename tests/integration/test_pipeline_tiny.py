@@ -12,7 +12,9 @@ pytestmark = pytest.mark.integration
 
 BASE = ["model=tiny", "env=keyword", "rollout.max_new_tokens=12", "rollout.group_size=4",
         "trainer.groups_per_step=2", "trainer.val_every=0", "logger.progress=false",
-        "learner.lr=1e-4"]
+        "learner.lr=1e-4",
+        # a hung call ends the run naming it, well inside the test's own timeout
+        "learner.call_timeout_s=600", "rollout.group_timeout_s=600"]
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
