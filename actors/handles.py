@@ -182,10 +182,12 @@ class LearnerGroup:
             raise failed[0].exception()
         if pending:
             silent = [who for who, t in tasks.items() if t in pending]
-            raise LearnerHung(f"{what}: no answer from {', '.join(silent)} within learner.call_timeout_s="
-                              f"{self.call_timeout_s:g} s; stopping the run (resume it from its last "
-                              f"checkpoint: trainer.resume=RUN_DIR)")
+            raise self._hung(f"{what}: no answer from {', '.join(silent)}")
         return [t.result() for t in tasks.values()]
+
+    def _hung(self, what: str) -> LearnerHung:
+        return LearnerHung(f"{what} within learner.call_timeout_s={self.call_timeout_s:g} s; stopping the run "
+                           f"(resume it from its last checkpoint: trainer.resume=RUN_DIR)")
 
     @staticmethod
     def _consumers(workers: list, scorer) -> list:
@@ -247,9 +249,7 @@ class LearnerGroup:
             await self._answers(f"publishing weights v{version}", calls)
         except LearnerHung:
             if not _object_ready(ref):  # the consumers wait for rank 0's packet: name rank 0
-                raise LearnerHung(f"publishing weights v{version}: learner rank 0 made no weight packet "
-                                  f"within learner.call_timeout_s={self.call_timeout_s:g} s; stopping the run "
-                                  f"(resume it from its last checkpoint: trainer.resume=RUN_DIR)") from None
+                raise self._hung(f"publishing weights v{version}: learner rank 0 made no weight packet") from None
             raise
         out = {"sync/seconds": time.time() - t0, "sync/version": version}
         if self._packet_nbytes is None:  # the size never changes: ask rank 0 once
@@ -302,7 +302,8 @@ class LearnerGroup:
                                                 for r, rk in enumerate(self.ranks)})
 
     async def load(self, ckpt_dir: str) -> int:
-        versions = await asyncio.gather(*[rk.load_checkpoint.remote(ckpt_dir) for rk in self.ranks])
+        versions = await self._answers("load_checkpoint", {f"learner rank {r}": rk.load_checkpoint.remote(ckpt_dir)
+                                                           for r, rk in enumerate(self.ranks)})
         return versions[0]
 
 

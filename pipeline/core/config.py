@@ -114,7 +114,7 @@ class LearnerConfig:
     offload_params: bool = False  # ZeRO-3: parameters in CPU memory
     num_cpus: float = 1.0  # Ray CPUs per learner actor
     num_gpus: float = 0.0  # Ray GPUs per learner actor (1 on a GPU cluster; < 1 when colocated)
-    # A training step, weight publish (object-store route) or checkpoint save that gets no answer
+    # A training step, weight publish (object-store route) or checkpoint save or load with no answer
     # in this long stops the run with an error naming the call and who did not answer, instead of
     # hanging it. 0 = never.
     call_timeout_s: float = 3600.0

@@ -45,6 +45,7 @@ class FakeRank:
         self.weight_packet = _Method(lambda v: _ready(f"packet v{v}"))  # like an ObjectRef: awaited or not
         self.packet_nbytes = _Method(lambda: answer(123))
         self.save_checkpoint = _Method(lambda d: answer(None))
+        self.load_checkpoint = _Method(lambda d: answer(7))
 
 
 class FakeConsumer:
@@ -89,7 +90,7 @@ def test_a_consumer_that_takes_no_weights_is_named_and_the_others_get_them():
     assert len(ok.got) == 1
 
 
-def test_publish_and_save_answer_within_the_timeout():
+def test_publish_save_and_load_answer_within_the_timeout():
     consumers = [FakeConsumer("rollout worker 0"), FakeConsumer("rollout worker 1")]
     group = LearnerGroup([FakeRank(), FakeRank()], pad_id=0, call_timeout_s=5.0)
     out = asyncio.run(group.publish(2, consumers))
@@ -99,6 +100,9 @@ def test_publish_and_save_answer_within_the_timeout():
     hung = LearnerGroup([FakeRank(delay=None)], pad_id=0, call_timeout_s=0.2)
     with pytest.raises(LearnerHung, match="save_checkpoint: no answer from learner rank 0"):
         asyncio.run(hung.save("/nonexistent"))
+    assert asyncio.run(group.load("/nonexistent")) == 7
+    with pytest.raises(LearnerHung, match="load_checkpoint: no answer from learner rank 0"):
+        asyncio.run(hung.load("/nonexistent"))
 
 
 def test_a_negative_call_timeout_fails_validation_naming_the_field():
