@@ -288,7 +288,7 @@ class AlfworldEnv(TextEnv):
         action = self._expert.next(self._obs.text, self._obs.admissible_actions, self.expert_plan)
         if action is None:
             return None
-        return f"<think>{expert_reason(action)}</think><action>{action}</action>"
+        return f"<think>{self._expert.reason}</think><action>{action}</action>"
 
     def hinted_expert_response(self) -> str | None:
         """Told where the objects are (``privileged_hint``, read off the walkthrough), the expert

@@ -4,13 +4,18 @@ The walkthrough goes straight to the receptacle that holds the object (the plann
 state), so a model cloned on it learns to guess where things are and, on a new scene, walks to
 the wrong receptacle for ever. This expert follows the walkthrough except where it *finds*
 something: a ``go to R`` whose purpose is to ``take X from R`` (or to ``use`` a lamp there)
-becomes a search. The expert visits the receptacles in the order of the admissible ``go to``
-commands (alphabetical), skipping those it has seen, opens closed ones, and takes the first
-instance of X's type it sees. The object's name then replaces the walkthrough's in later steps.
-Each choice depends only on what the prompt shows (the admissible list, the last action and the
-observation), so a model can learn it: after "go to cabinet 1" there was nothing, so the next is
-"go to cabinet 2". Steps the search made moot (an ``open`` of what is already open) are skipped;
-a step that is not admissible otherwise falls back to the planner.
+becomes a search, and it takes the first instance of X's type it sees. The object's name then
+replaces the walkthrough's in later steps. Steps the search made moot (an ``open`` of what is
+already open) are skipped; a step that is not admissible otherwise falls back to the planner.
+
+The search has no memory, so that a model can learn it from one prompt: from receptacle R it
+goes to the receptacle that follows R in alphabetical order (wrapping round; from the middle of
+the room, the first), opening closed ones on the way. Its reasoning says that step out loud
+(``No cloth at drawer 1. Next after drawer 1: drawer 2.``): every word of it is in the prompt
+(the current observation names R, the admissible ``go to`` list the candidates), so the clone
+copies a state it can see instead of remembering where it has been. A clone of an expert that
+skipped the receptacles it had visited, saying only "the drawer 2 may have what the task needs",
+looped between two receptacles (docs/learning.md).
 """
 from __future__ import annotations
 
@@ -32,8 +37,8 @@ class SearchingExpert:
         self.rename: dict[str, str] = {}  # walkthrough object -> the instance found
         self.used: set[str] = set()  # instances taken or used so far
         self.search: tuple[str, str] | None = None  # (walkthrough object, its verb: take | use)
-        self.visited: set[str] = set()
         self.here = ""
+        self.reason = ""  # why the last command: its <think> text
 
     def _named(self, step: str) -> str:
         for old, new in self.rename.items():
@@ -63,45 +68,65 @@ class SearchingExpert:
         self.i += 1
 
     def next(self, observation: str, admissible: Sequence[str], replan: Callable[[], list[str]]) -> str | None:
-        """The next command for the current state, or None when the plan is done."""
+        """The next command for the current state (why, in ``self.reason``), or None when the plan is done."""
         while self.search is None and self.i < len(self.plan):
             found = self._finds(self.i)
             if found is not None:
-                self.search, self.visited = found, set()
+                self.search = found
                 break
             step = self._named(self.plan[self.i])
             if step in admissible:
                 self.i += 1
-                return self._moved(step)
+                after = self._named(self.plan[self.i]) if self.i < len(self.plan) else ""
+                return self._says(step, planned_reason(step, after))
             if re.match(r"(open|close) ", step):  # the search already opened it
                 self.i += 1
                 continue
-            rest = replan()  # something else changed: the planner picks up from here
-            return self._moved(rest[0]) if rest else None
+            return self._replanned(replan)  # something else changed: the planner picks up from here
         if self.search is None:
             return None
         obj, verb = self.search
-        seen = [o for o in _SEEN.findall(observation) if kind(o) == kind(obj) and o not in self.used]
-        for inst in seen:
+        want = kind(obj)
+        for inst in (o for o in _SEEN.findall(observation) if kind(o) == want and o not in self.used):
             cmd = f"take {inst} from {self.here}" if verb == "take" else f"use {inst}"
             if cmd in admissible:
                 self.rename[obj], self.search = inst, None
                 self.used.add(inst)
                 self._skip_find()
-                return self._moved(cmd)
+                return self._says(cmd, f"I see the {inst}. I {'take' if verb == 'take' else 'use'} it.")
         if self.here and f"open {self.here}" in admissible and "is closed" in observation:
-            return f"open {self.here}"
-        for cmd in admissible:
-            if cmd.startswith("go to ") and cmd[6:] not in self.visited:
-                return self._moved(cmd)
-        rest = replan()  # searched everywhere (an object inside something else): the planner
-        return self._moved(rest[0]) if rest else None
+            return self._says(f"open {self.here}", f"The {self.here} is closed. I open it to look for a {want}.")
+        dest = successor(self.here, [c[6:] for c in admissible if c.startswith("go to ")])
+        if dest is None:
+            return self._replanned(replan)
+        if not self.here:
+            return self._says(f"go to {dest}", f"I look for a {want}. First: {dest}.")
+        return self._says(f"go to {dest}", f"No {want} at {self.here}. Next after {self.here}: {dest}.")
 
-    def _moved(self, cmd: str) -> str:
+    def _replanned(self, replan: Callable[[], list[str]]) -> str | None:
+        rest = replan()
+        return self._says(rest[0], expert_reason(rest[0])) if rest else None
+
+    def _says(self, cmd: str, reason: str) -> str:
         if cmd.startswith("go to "):
             self.here = cmd[6:]
-            self.visited.add(self.here)
+        self.reason = reason
         return cmd
+
+
+def successor(here: str, places: Sequence[str]) -> str | None:
+    """The receptacle after ``here`` in alphabetical order, wrapping round (the first if ``here`` is "")."""
+    if not places:
+        return None
+    ordered = sorted(places)
+    return next((p for p in ordered if p > here), ordered[0])
+
+
+def planned_reason(step: str, after: str) -> str:
+    """Why a walkthrough step: a ``go to`` says what it goes there to do (the step after it)."""
+    if step.startswith("go to ") and after and not after.startswith("go to "):
+        return f"I go to the {step[6:]} to {after}."
+    return expert_reason(step)
 
 
 _REASONS = (  # ALFWorld's command verbs -> a short reason an expert would give

@@ -34,7 +34,7 @@ from typing import Any
 from pipeline.core.config import EnvConfig, PrivyConfig, WarmStartConfig
 from pipeline.core.types import TurnRecord
 
-EXPERT_VERSION = 3  # bump when the expert's responses or the row format change: rebuilds every cache
+EXPERT_VERSION = 4  # bump when the expert's responses or the row format change: rebuilds every cache
 
 
 @dataclasses.dataclass

@@ -3,13 +3,14 @@ builder, response ids as the model would emit them; the NLL term; the cache key.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
 
 from envs import make_env
 from envs.actions import parse_think_action
-from envs.alfworld.expert import expert_reason
+from envs.alfworld.expert import expert_reason, planned_reason, successor
 from pipeline.algorithm.losses import AUX_LOSSES, LossInputs
 from pipeline.context.student_prompts import StudentPrompts
 from pipeline.core.chat_templates import stop_token_ids
@@ -75,6 +76,40 @@ def test_expert_reasons_name_the_object():
     assert expert_reason("go to shelf 2") == "the shelf 2 may have what the task needs"
     assert expert_reason("put mug 1 in/on desk 1") == "the mug 1 belongs there"
     assert expert_reason("inventory") == "this is the next step"
+
+
+def test_the_search_goes_to_the_next_receptacle_in_alphabetical_order():
+    assert successor("", ["shelf 2", "bed 1"]) == "bed 1"  # from the middle of the room: the first
+    assert successor("drawer 1", ["countertop 1", "drawer 2", "garbagecan 1"]) == "drawer 2"
+    assert successor("drawer 2", ["countertop 1", "drawer 1", "garbagecan 1"]) == "garbagecan 1"
+    assert successor("towelholder 1", ["countertop 1", "drawer 1"]) == "countertop 1"  # wraps round
+    assert successor("drawer 1", []) is None
+
+
+def test_a_planned_go_to_says_what_it_goes_there_to_do():
+    assert planned_reason("go to microwave 1", "heat apple 1 with microwave 1") == \
+        "I go to the microwave 1 to heat apple 1 with microwave 1."
+    assert planned_reason("go to shelf 1", "go to shelf 2") == expert_reason("go to shelf 1")
+    assert planned_reason("heat apple 1 with microwave 1", "") == "the apple 1 must be hot"
+
+
+def test_each_search_step_reasons_from_what_its_prompt_shows(rows):
+    """A search step's reasoning names where the current observation is and the next receptacle
+    of the admissible ``go to`` list: a state the prompt shows, so the clone never has to
+    remember where it has been (a clone that had to looped between two receptacles)."""
+    step = re.compile(r"No (\w+) at (.+?)\. Next after \2: (.+?)\.")
+    searched = 0
+    for r in rows.rows:
+        m = step.fullmatch(parse_think_action(r.response_text).thinking)
+        if m is None:
+            continue
+        searched += 1
+        prompt = r.messages[-1].content
+        current, admissible = prompt.split("current observation is: ")[-1].split("Your admissible actions")
+        assert m[2] in current
+        assert m[3] == successor(m[2], re.findall(r"'go to (.+?)'", admissible))
+        assert r.action == f"go to {m[3]}"
+    assert searched >= 6
 
 
 def test_the_sft_batch_turns_the_policy_term_off_and_names_one_nll_term(rows):
