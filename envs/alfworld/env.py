@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from envs.actions import normalize_action, parse_think_action
 import envs.alfworld.prompts as prompts
 from envs.alfworld.engine import load_engine, release_engine, replan
-from envs.alfworld.expert import SearchingExpert, expert_reason, walkthrough_hint
+from envs.alfworld.expert import SearchingExpert, planned_reason, walkthrough_hint
 from envs.alfworld.generator import SPLITS, TASK_TYPES, GameRecord, SceneLimits, cache_key, get_game
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env
 from pipeline.core.types import CriterionResult, Message
@@ -299,7 +299,8 @@ class AlfworldEnv(TextEnv):
         plan = self._record.walkthrough or []
         if self._moves >= len(plan):
             return None
-        return f"<think>{expert_reason(plan[self._moves])}</think><action>{plan[self._moves]}</action>"
+        step, after = plan[self._moves], plan[self._moves + 1] if self._moves + 1 < len(plan) else ""
+        return f"<think>{planned_reason(step, after)}</think><action>{step}</action>"
 
     def privileged_hint(self) -> str | None:
         """Where the task's objects are and where they go, read off the stored walkthrough (the

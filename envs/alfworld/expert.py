@@ -93,7 +93,7 @@ class SearchingExpert:
                 self.rename[obj], self.search = inst, None
                 self.used.add(inst)
                 self._skip_find()
-                return self._says(cmd, f"I see the {inst}. I {'take' if verb == 'take' else 'use'} it.")
+                return self._says(cmd, f"I see the {inst}. I {verb} it.")
         if self.here and f"open {self.here}" in admissible and "is closed" in observation:
             return self._says(f"open {self.here}", f"The {self.here} is closed. I open it to look for a {want}.")
         dest = successor(self.here, [c[6:] for c in admissible if c.startswith("go to ")])

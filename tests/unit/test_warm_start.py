@@ -199,7 +199,12 @@ def test_the_hinted_alfworld_expert_walks_the_walkthrough(tok, env_cfg, rows):
     env = make_env("alfworld", env_cfg.options, "train")
     for seed, n in enumerate(both.turns[1::2]):
         env.reset(seed)
-        assert n == len(env.game.walkthrough) <= rows.turns[seed]
+        walk = env.game.walkthrough
+        assert n == len(walk) <= rows.turns[seed]
+        # its reasons read like the searching expert's planned steps: a go to says what for
+        first = parse_think_action(env.hinted_expert_response())
+        assert (first.action, first.thinking) == (walk[0], planned_reason(walk[0], walk[1]))
+        assert first.thinking.startswith(f"I go to the {walk[0][6:]} to ")
     env.close()
 
 
