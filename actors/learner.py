@@ -199,10 +199,14 @@ class LearnerWorker:
     def _minibatch(self, batch: TrainBatch, prox_lp: torch.Tensor | None) -> tuple[dict[str, tuple[float, str]], float]:
         """One optimizer step over ``batch``; returns its metrics and its token count (all ranks)."""
         cfg = self.cfg
-        # token_mean's denominator: tokens of the whole mini-batch over all ranks, divided by the
-        # world size because DeepSpeed averages gradients across ranks.
-        n_global = self._all_reduce(batch.response_mask.sum(), "sum")
+        # token_mean's denominator: tokens of the whole mini-batch over all ranks (with the rows
+        # left out for a zero loss), divided by the world size because DeepSpeed averages
+        # gradients across ranks.
+        mask_sum = batch.response_mask.sum()
+        counts = self._all_reduce(torch.stack([mask_sum, mask_sum.new_tensor(batch.extra_loss_tokens)]), "sum")
+        n_global = counts.sum()
         n_total = n_global / self.world_size
+        kept = (counts[0] / n_global).clamp_min(1e-12)  # the entropy metric is over the kept tokens
         needs_logits = any(t.kind in AUX_NEEDS_LOGITS for t in batch.aux_terms)
         parts: dict[str, list[Metrics]] = defaultdict(list)  # metric prefix -> per-micro-batch metrics
         row, nonfinite = 0, 0
@@ -227,7 +231,7 @@ class LearnerWorker:
                                 proximal_logprobs=proximal, behaviour_cap=cfg.behaviour_cap)
             loss = batch.policy_loss_coef * pg
             ent, em = entropy_bonus(fw.entropy, mask, n_total)
-            m.update(em)
+            m.update({k: Stat(v.value / kept, v.reduce) for k, v in em.items()})
             loss = loss - batch.entropy_coef * ent
             if self.ref_model is not None:
                 with torch.no_grad():

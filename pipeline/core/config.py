@@ -145,6 +145,10 @@ class TrainerConfig:
     # Training steps in a row whose update was discarded for non-finite gradients that stop the
     # run, with a checkpoint and a message (0: never stop).
     max_skipped_steps: int = 3
+    # Leave out of the learner's batch the rows whose advantage is 0 (all-fail and all-win GRPO
+    # groups) when no aux term or reference KL reads them: the same gradient, less learner time
+    # (orchestration/batches.py, drop_silent_rows). The entropy bonus then covers the kept rows.
+    skip_zero_advantage_rows: bool = False
     seed: int = 0
     resume: str | None = None  # a checkpoint dir (…/checkpoints/step_N) or a run dir (latest)
     run_dir: str | None = None  # default: Hydra's output directory

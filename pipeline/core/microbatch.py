@@ -13,7 +13,7 @@ import torch
 from pipeline.core.types import TrainBatch
 
 # TrainBatch fields that are [B, T] tensors aligned with input_ids.
-_ALIGNED = ("input_ids", "attention_mask", "response_mask", "behaviour_logprobs", "advantages")
+ALIGNED = ("input_ids", "attention_mask", "response_mask", "behaviour_logprobs", "advantages")
 _TEACHER = ("teacher_input_ids", "teacher_attention_mask", "teacher_response_mask")
 
 
@@ -50,7 +50,7 @@ def sort_by_length(batch: TrainBatch) -> TrainBatch:
     if order == list(range(len(lengths))):
         return batch
     idx = torch.tensor(order, device=batch.input_ids.device)
-    kw = {name: getattr(batch, name).index_select(0, idx) for name in _ALIGNED}
+    kw = {name: getattr(batch, name).index_select(0, idx) for name in ALIGNED}
     kw["aux"] = {k: v.index_select(0, idx) for k, v in batch.aux.items()}
     if batch.teacher_input_ids is not None:
         kw.update({name: getattr(batch, name).index_select(0, idx) for name in _TEACHER})
@@ -73,7 +73,7 @@ def slice_rows(batch: TrainBatch, a: int, b: int, *, copy: bool = False) -> Trai
     def cut(x: torch.Tensor, width: int) -> torch.Tensor:
         return x[a:b, :width].clone() if copy else x[a:b, :width]
 
-    kw = {name: cut(getattr(batch, name), t) for name in _ALIGNED}
+    kw = {name: cut(getattr(batch, name), t) for name in ALIGNED}
     kw["aux"] = {k: cut(v, t) for k, v in batch.aux.items()}
     if batch.teacher_input_ids is not None:
         tt = max(row_lengths(batch.teacher_attention_mask[a:b]))
@@ -96,11 +96,13 @@ def null_micro_batch(mb: TrainBatch) -> TrainBatch:
 
 def split_rows(batch: TrainBatch, n_parts: int) -> list[TrainBatch]:
     """``n_parts`` contiguous row slices of near-equal size (data-parallel shards), each with
-    tensors of its own: a shard travels to its rank alone, not with the whole batch's storage."""
+    tensors of its own: a shard travels to its rank alone, not with the whole batch's storage.
+    The batch's ``extra_loss_tokens`` go to the first shard only (the ranks sum them)."""
     b = batch.n_rows
     bounds = [round(i * b / n_parts) for i in range(n_parts + 1)]
-    return [slice_rows(batch, bounds[i], bounds[i + 1], copy=True) for i in range(n_parts)
-            if bounds[i + 1] > bounds[i]]
+    shards = [slice_rows(batch, bounds[i], bounds[i + 1], copy=True) for i in range(n_parts)
+              if bounds[i + 1] > bounds[i]]
+    return [replace(s, extra_loss_tokens=0.0) if i else s for i, s in enumerate(shards)]
 
 
 def to_device(batch: TrainBatch, device: "str | torch.device") -> TrainBatch:
@@ -110,11 +112,11 @@ def to_device(batch: TrainBatch, device: "str | torch.device") -> TrainBatch:
     if here.type == device.type and (device.index is None or here.index == device.index
                                      or device.type == "cpu"):
         return batch
-    kw = {name: getattr(batch, name).to(device, non_blocking=True) for name in _ALIGNED}
+    kw = {name: getattr(batch, name).to(device, non_blocking=True) for name in ALIGNED}
     kw["aux"] = {k: v.to(device, non_blocking=True) for k, v in batch.aux.items()}
     if batch.teacher_input_ids is not None:
         kw.update({name: getattr(batch, name).to(device, non_blocking=True) for name in _TEACHER})
     return replace(batch, **kw)
 
 
-assert {f.name for f in fields(TrainBatch)} >= set(_ALIGNED) | set(_TEACHER)
+assert {f.name for f in fields(TrainBatch)} >= set(ALIGNED) | set(_TEACHER)

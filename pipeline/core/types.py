@@ -186,6 +186,9 @@ class TrainBatch:
     policy_loss_coef: float = 1.0
     entropy_coef: float = 0.0
     versions: list[int] = field(default_factory=list)  # [B] behaviour version of each row
+    # Response tokens of rows left out because their loss is exactly 0 (``drop_silent_rows``):
+    # token_mean's denominator still counts them, so the gradient is that of the full batch.
+    extra_loss_tokens: float = 0.0
 
     @property
     def n_rows(self) -> int:

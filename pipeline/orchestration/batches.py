@@ -6,8 +6,11 @@ tokens they describe (see ``TrainBatch``).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from pipeline.core.microbatch import ALIGNED, row_lengths
 from pipeline.core.types import Credit, EpisodeGroup, TrainBatch, TurnRecord
 
 
@@ -71,3 +74,32 @@ def minibatch_bounds(groups: list[EpisodeGroup], n: int) -> list[tuple[int, int]
     cuts = [round(i * len(groups) / n) for i in range(n + 1)]
     starts = [sum(sizes[:c]) for c in cuts]
     return [(starts[i], starts[i + 1]) for i in range(n) if starts[i + 1] > starts[i]]
+
+
+def drop_silent_rows(batch: TrainBatch, *, min_rows: int = 1) -> TrainBatch:
+    """The batch without the rows whose every advantage is 0, when nothing else acts on them.
+
+    Under PPO's clipped surrogate (dual clip included) a row with advantage 0 has loss 0 and
+    gradient 0, so leaving it out changes no gradient as long as token_mean's denominator still
+    counts its tokens (``extra_loss_tokens``) and no other term reads it. Aux terms (a teacher's
+    distillation, NLL) and teacher forwards do, so such batches are returned whole. The entropy
+    bonus then covers the kept rows only. GRPO groups whose episodes all fail (or all win) are
+    such rows: on ALFWorld they are most of a step's learner time. ``min_rows`` rows (the first
+    ones) are always kept, so that every learner rank gets a row and the step still runs.
+    """
+    if batch.aux_terms or batch.teacher_input_ids is not None:
+        return batch
+    keep = (batch.advantages != 0).any(dim=1)
+    keep[: min(min_rows, batch.n_rows)] = True
+    if bool(keep.all()):
+        return batch
+    idx = keep.nonzero().squeeze(1)
+    width = max(row_lengths(batch.attention_mask.index_select(0, idx)))
+
+    def rows(x: torch.Tensor) -> torch.Tensor:
+        return x.index_select(0, idx)[:, :width]
+
+    return replace(batch, **{name: rows(getattr(batch, name)) for name in ALIGNED},
+                   aux={k: rows(v) for k, v in batch.aux.items()},
+                   versions=[batch.versions[i] for i in idx.tolist()],
+                   extra_loss_tokens=batch.extra_loss_tokens + float(batch.response_mask[~keep].sum()))

@@ -35,7 +35,7 @@ from pipeline.core.errors import first_line
 from pipeline.core.microbatch import slice_rows
 from pipeline.core.types import EpisodeGroup
 from pipeline.distributed.weight_sync import WeightSyncError
-from pipeline.orchestration.batches import build_train_batch, minibatch_bounds, rows_of
+from pipeline.orchestration.batches import build_train_batch, drop_silent_rows, minibatch_bounds, rows_of
 from pipeline.orchestration.buffer import GroupBuffer
 from pipeline.orchestration.logging import EventLog
 
@@ -93,6 +93,9 @@ class Controller:
         self._sync_lock = asyncio.Lock()  # a training step and its publish vs a weight-group re-form
         self._trainer: asyncio.Task | None = None
         self._n_playing, self._busy_mark = 0, time.time()
+        # Busy time already set against a step's tokens: a step's tokens/s counts the busy time
+        # since the last step ended, so groups played during a validation count too.
+        self._busy_counted, self._window_start = self.state.rollout_busy_s, time.time()
         self.aborted = False
         self.history: list[dict[str, float]] = []
         # Colocated vLLM engines free their GPU memory while the learner trains (lag 0 only:
@@ -315,7 +318,6 @@ class Controller:
         cfg, st = self.cfg, self.state
         step = st.step
         t0 = time.time()
-        busy0 = st.rollout_busy_s
         groups = await self.buffer.take(cfg.trainer.groups_per_step, learner_version=step)
         t1 = time.time()
         metrics: dict[str, float] = {}
@@ -335,6 +337,9 @@ class Controller:
                                   default_entropy_coef=cfg.learner.entropy_coef)
         minibatches = [slice_rows(batch, a, b)
                        for a, b in minibatch_bounds(groups, cfg.learner.mini_batches)]
+        if cfg.trainer.skip_zero_advantage_rows and cfg.learner.kl_coef == 0:
+            minibatches = [drop_silent_rows(mb, min_rows=cfg.learner.num_learners) for mb in minibatches]
+            metrics["learner/skipped_rows_frac"] = 1.0 - sum(mb.n_rows for mb in minibatches) / max(batch.n_rows, 1)
         t3 = time.time()
         async with self._sync_lock:  # a revive re-forming the weight group waits for the publish
             if self._sleep_engines:
@@ -363,14 +368,16 @@ class Controller:
         metrics.update(self.buffer.stats.as_metrics())
         metrics.update({"faults/restarts": st.restarts, "faults/replayed_groups": st.replayed})
         self._playing(0)  # bring the busy time up to now
-        step_s, busy = t5 - t0, st.rollout_busy_s - busy0
+        step_s, busy = t5 - t0, st.rollout_busy_s - self._busy_counted
+        window = t5 - self._window_start  # since the last step ended (a validation included)
+        self._busy_counted, self._window_start = st.rollout_busy_s, t5
         gen_tokens = sum(g.n_generated_tokens for g in groups)
         gen_seconds = sum(g.rollout_seconds for g in groups)
         metrics.update({
             "time/step_s": step_s, "time/wait_rollout_s": t1 - t0, "time/wait_teacher_s": t2 - t1,
             "time/credit_s": t3 - t2, "time/train_s": t4 - t3, "time/sync_s": t5 - t4,
             "time/learner_idle_frac": (t1 - t0 + t2 - t1) / max(step_s, 1e-9),
-            "time/rollout_idle_frac": max(0.0, 1.0 - busy / max(step_s, 1e-9)),
+            "time/rollout_idle_frac": max(0.0, 1.0 - busy / max(window, 1e-9)),
             # tokens of the groups trained this step over the wall time the rollout side was busy
             # (groups in flight overlap: summing their own seconds would count the same second twice)
             "rollout/tokens_per_s": gen_tokens / max(busy, 1e-9),

@@ -91,3 +91,21 @@ def test_the_distillation_weight_ignores_the_engines_behaviour_logprobs(ray_loca
                                                            / batch.response_mask.sum()), abs=1e-4)
     worst = max((w_noisy[k] - w_exact[k]).abs().max().item() for k in w_exact)
     assert worst == 0.0, f"the behaviour log-probs moved the distillation update by {worst:.2e}"
+
+
+def test_rows_left_out_for_a_zero_advantage_change_no_gradient(ray_local, tiny_model_dir):
+    # trainer.skip_zero_advantage_rows: the learner sees 2 of 4 rows; token_mean's denominator
+    # still counts the other two (extra_loss_tokens), so the loss and the gradient norm are the
+    # whole batch's. Without that count both would be 1.6x too large here.
+    from pipeline.orchestration.batches import drop_silent_rows
+
+    batch, _ = _batch(tiny_model_dir, [(5, 12), (5, 20), (5, 16), (5, 8)], seed=3)
+    batch.advantages[[1, 2]] = 0.0
+    kept = drop_silent_rows(batch)
+    assert kept.n_rows == 2 and kept.extra_loss_tokens == 36.0
+    cfg = LearnerConfig(precision="fp32", lr=1e-6, correction="none", micro_batch_tokens=4096)
+    m_full, _ = _train(ray_local, tiny_model_dir, [batch], cfg)
+    m_kept, _ = _train(ray_local, tiny_model_dir, [kept], cfg)
+    assert m_kept["learner/tokens"] == 20.0
+    assert m_kept["policy/loss"] == pytest.approx(m_full["policy/loss"], rel=1e-4, abs=1e-7)
+    assert m_kept["learner/grad_norm"] == pytest.approx(m_full["learner/grad_norm"], rel=1e-4)

@@ -88,6 +88,17 @@ def test_fake_lag_zero_trains_every_step_on_groups_of_the_current_version():
     assert ctl.buffer.stats.consumed == 8 and ctl.buffer.in_flight == 0
 
 
+def test_fake_tokens_per_second_count_the_groups_played_during_the_first_validation():
+    # The first step's groups finish while the validation before it runs; their busy time lies
+    # before the step began and still has to divide their tokens (it used to be ~0: 8e9 tokens/s).
+    cfg = make_cfg(lag=0, steps=2)
+    cfg.trainer.val_at_start, cfg.trainer.val_tasks = True, 2
+    _, history = run(cfg, [FakeWorker(0.2)], FakeLearner(0.01))
+    # 2 groups x 2 episodes x 2 tokens in about 0.2 s of play: about 40 tokens/s
+    assert 5 < history[0]["rollout/tokens_per_s"] < 100
+    assert all(0.0 <= h["time/rollout_idle_frac"] <= 1.0 for h in history)
+
+
 def test_fake_lag_one_overlaps_rollout_with_training_and_stays_within_the_bound():
     learner = FakeLearner(0.05)
     ctl, history = run(make_cfg(lag=1, steps=6), [FakeWorker(0.05)], learner)
