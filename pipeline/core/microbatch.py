@@ -13,7 +13,7 @@ import torch
 from pipeline.core.types import TrainBatch
 
 # TrainBatch fields that are [B, T] tensors aligned with input_ids.
-ALIGNED = ("input_ids", "attention_mask", "response_mask", "behaviour_logprobs", "advantages")
+_ALIGNED = ("input_ids", "attention_mask", "response_mask", "behaviour_logprobs", "advantages")
 _TEACHER = ("teacher_input_ids", "teacher_attention_mask", "teacher_response_mask")
 
 
@@ -49,12 +49,23 @@ def sort_by_length(batch: TrainBatch) -> TrainBatch:
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     if order == list(range(len(lengths))):
         return batch
-    idx = torch.tensor(order, device=batch.input_ids.device)
-    kw = {name: getattr(batch, name).index_select(0, idx) for name in ALIGNED}
-    kw["aux"] = {k: v.index_select(0, idx) for k, v in batch.aux.items()}
+    return take_rows(batch, order)
+
+
+def take_rows(batch: TrainBatch, rows: list[int]) -> TrainBatch:
+    """The given rows of the batch, in that order, trimmed to their longest row (new tensors)."""
+    idx = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
+    t = max(row_lengths(batch.attention_mask.index_select(0, idx)))
+
+    def take(x: torch.Tensor, width: int) -> torch.Tensor:
+        return x.index_select(0, idx)[:, :width]
+
+    kw = {name: take(getattr(batch, name), t) for name in _ALIGNED}
+    kw["aux"] = {k: take(v, t) for k, v in batch.aux.items()}
     if batch.teacher_input_ids is not None:
-        kw.update({name: getattr(batch, name).index_select(0, idx) for name in _TEACHER})
-    kw["versions"] = [batch.versions[i] for i in order]
+        tt = max(row_lengths(batch.teacher_attention_mask.index_select(0, idx)))
+        kw.update({name: take(getattr(batch, name), tt) for name in _TEACHER})
+    kw["versions"] = [batch.versions[i] for i in rows]
     return replace(batch, **kw)
 
 
@@ -73,7 +84,7 @@ def slice_rows(batch: TrainBatch, a: int, b: int, *, copy: bool = False) -> Trai
     def cut(x: torch.Tensor, width: int) -> torch.Tensor:
         return x[a:b, :width].clone() if copy else x[a:b, :width]
 
-    kw = {name: cut(getattr(batch, name), t) for name in ALIGNED}
+    kw = {name: cut(getattr(batch, name), t) for name in _ALIGNED}
     kw["aux"] = {k: cut(v, t) for k, v in batch.aux.items()}
     if batch.teacher_input_ids is not None:
         tt = max(row_lengths(batch.teacher_attention_mask[a:b]))
@@ -112,11 +123,11 @@ def to_device(batch: TrainBatch, device: "str | torch.device") -> TrainBatch:
     if here.type == device.type and (device.index is None or here.index == device.index
                                      or device.type == "cpu"):
         return batch
-    kw = {name: getattr(batch, name).to(device, non_blocking=True) for name in ALIGNED}
+    kw = {name: getattr(batch, name).to(device, non_blocking=True) for name in _ALIGNED}
     kw["aux"] = {k: v.to(device, non_blocking=True) for k, v in batch.aux.items()}
     if batch.teacher_input_ids is not None:
         kw.update({name: getattr(batch, name).to(device, non_blocking=True) for name in _TEACHER})
     return replace(batch, **kw)
 
 
-assert {f.name for f in fields(TrainBatch)} >= set(ALIGNED) | set(_TEACHER)
+assert {f.name for f in fields(TrainBatch)} >= set(_ALIGNED) | set(_TEACHER)

@@ -6,11 +6,9 @@ tokens they describe (see ``TrainBatch``).
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from pipeline.core.microbatch import ALIGNED, row_lengths
+from pipeline.core.microbatch import take_rows
 from pipeline.core.types import Credit, EpisodeGroup, TrainBatch, TurnRecord
 
 
@@ -93,13 +91,7 @@ def drop_silent_rows(batch: TrainBatch, *, min_rows: int = 1) -> TrainBatch:
     keep[: min(min_rows, batch.n_rows)] = True
     if bool(keep.all()):
         return batch
-    idx = keep.nonzero().squeeze(1)
-    width = max(row_lengths(batch.attention_mask.index_select(0, idx)))
-
-    def rows(x: torch.Tensor) -> torch.Tensor:
-        return x.index_select(0, idx)[:, :width]
-
-    return replace(batch, **{name: rows(getattr(batch, name)) for name in ALIGNED},
-                   aux={k: rows(v) for k, v in batch.aux.items()},
-                   versions=[batch.versions[i] for i in idx.tolist()],
-                   extra_loss_tokens=batch.extra_loss_tokens + float(batch.response_mask[~keep].sum()))
+    dropped = float(batch.response_mask[~keep].sum())
+    kept = take_rows(batch, keep.nonzero().squeeze(1).tolist())
+    kept.extra_loss_tokens = batch.extra_loss_tokens + dropped
+    return kept
