@@ -270,16 +270,18 @@ class _Group:
     def _make_and_reset(self, i: int):
         env = make_env(self.w.env_cfg.name, self.w.env_cfg.options, self.split)
         self.envs[i] = env
-        return env, env.reset(self.task_seed)
+        obs = env.reset(self.task_seed)
+        # Under the env timeout and off this loop: code_edit's hint runs the tests in its sandbox.
+        return env, obs, env.privileged_hint() or ""
 
     def _on_reset(self, i: int, f: Future, _) -> None:
         try:
-            env, self.obs[i] = f.result()
+            env, self.obs[i], hint = f.result()
         except Exception as e:  # noqa: BLE001 - a broken env fails its episode only
             self._fail(i, "env reset", repr(e))
             return self._landed(i, ask=False)
         ep = self.episodes[i]
-        ep.privileged_hint = env.privileged_hint() or ""
+        ep.privileged_hint = hint
         ep.task_id = env.task_id or ep.task_id
         ep.task_type, ep.task_text = env.task_type, env.task_text
         self.limit = self.limit or env.max_turns

@@ -32,6 +32,9 @@ class ScriptedSteps(TextEnv):
         self.seed = seed
         return Observation(text=f"Task {seed}: say anything.")
 
+    def privileged_hint(self):
+        return f"Task {self.seed} is won by any three replies."
+
     def step(self, response):
         self.t += 1
         return StepResult(observation=Observation(text=f"Turn {self.t} done. Again."), reward=0.0,
@@ -58,7 +61,8 @@ HANG = threading.Event()  # the hung step waits on it; the test releases it at t
 
 @register_env("steps3_broken")
 class Steps3Broken(ScriptedSteps):
-    """Instance 1 raises in its second step, instance 2 hangs in its first, instance 3 fails reset."""
+    """Instance 1 raises in its second step, instance 2 hangs in its first, instance 3 fails reset,
+    instance 4 fails to write its privileged hint."""
 
     instances = itertools.count()
 
@@ -66,6 +70,11 @@ class Steps3Broken(ScriptedSteps):
         if self.n == 3:
             raise OSError("no such game file")
         return super().reset(seed)
+
+    def privileged_hint(self):
+        if self.n == 4:
+            raise RuntimeError("the test sandbox could not start")
+        return super().privileged_hint()
 
     def step(self, response):
         if self.n == 1 and self.t == 1:

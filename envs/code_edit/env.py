@@ -68,7 +68,8 @@ from envs.base import Observation, StepResult, TextEnv, known_options, register_
 import envs.code_edit.rubric as rubric
 import envs.code_edit.sandbox as sandbox
 import envs.code_edit.tools as tools
-from envs.code_edit.tasks import FAMILIES, Task, generate_task
+from envs.code_edit.tools import format_tool_call
+from envs.code_edit.tasks import FAMILIES, Task, edit_call, finish_call, generate_task, view_call
 from pipeline.core.types import Message
 
 TOOL_ROLES = ("user", "tool")
@@ -159,6 +160,7 @@ class CodeEditEnv(TextEnv):
         self._turns: list[rubric.TurnLog] = []
         self._done = False
         self._initial_obs = ""
+        self._hint: str | None = None
 
     @classmethod
     def from_options(cls, options: dict, split: str) -> "CodeEditEnv":
@@ -179,6 +181,7 @@ class CodeEditEnv(TextEnv):
         self._ws.write_files(self._task.files)
         self._turns = []
         self._done = False
+        self._hint = None
         self._initial_obs = f"{self._task.instruction}\n\nRepository files:\n" + "\n".join(self._ws.files())
         return Observation(text=self._initial_obs)
 
@@ -221,6 +224,51 @@ class CodeEditEnv(TextEnv):
         info["isolation"] = final.isolation
         return StepResult(observation=Observation(text=obs), reward=total, done=True, won=won, action_valid=valid,
                           action=action, criteria=criteria, info=info)
+
+    # ----- expert and privileged state --------------------------------------------------------------
+    def expert_response(self) -> str | None:
+        """The reference solution's next tool call, read off the working copy (not a fixed script):
+        view the target file once, apply each reference edit whose ``old`` text is still there
+        (exactly once), run the tests after the last edit, then finish with the change table. When
+        the turns left do not cover the edits and the finish, it skips the view and the test run.
+        An episode whose earlier turns spoiled an edit's ``old`` text ends unsolved, and the warm
+        start leaves unwon episodes out."""
+        if self._task is None or self._ws is None or self._done:
+            return None
+        task, turns = self._task, self._turns
+        left = self.max_turns - len(turns)
+        pending = [e for e in task.reference_edits if self._occurs_once(e.path, e.old)]
+        if pending:
+            viewed = any(t.tool == "view_file" and t.valid for t in turns)
+            return edit_call(pending[0]) if viewed or left <= len(pending) + 1 else view_call(task)
+        last_edit = max((t.index for t in turns if t.tool in ("replace_in_file", "create_file") and t.valid),
+                        default=-1)
+        tested = any(t.tool == "run_tests" and t.index > last_edit for t in turns)
+        return format_tool_call("run_tests", {}) if not tested and left > 1 else finish_call(task)
+
+    def _occurs_once(self, path: str, text: str) -> bool:
+        assert self._ws is not None
+        try:
+            return self._ws.read(path).count(text) == 1
+        except (OSError, UnicodeError):
+            return False
+
+    def privileged_hint(self) -> str | None:
+        """The tests that fail on the task's initial repository, visible and hidden, with the
+        runner's message and the failing line (``hints`` context: what the judge will check, which
+        the student sees only through ``run_tests`` and never for the hidden tests), e.g.
+        ``hidden_tests.py::test_dedupe_key_1: TypeError: dedupe() got an unexpected keyword
+        argument 'key' at hidden_tests.py:9: assert dedupe(...) == [...]``. Run once per episode in
+        the sandbox, on the initial files whatever the working copy holds by then."""
+        if self._task is None or self._ws is None:
+            return None
+        if self._hint is None:
+            task = self._task
+            result = sandbox.run_tests(self._ws.root, task.test_files,
+                                       extra_tests={"hidden_tests.py": task.hidden_tests}, overrides=task.files,
+                                       limits=self.opts.limits, isolation=self.opts.isolation)
+            self._hint = failing_tests_hint(result)
+        return self._hint or None
 
     def _run_visible_tests(self) -> sandbox.SandboxResult:
         assert self._task is not None and self._ws is not None
@@ -299,3 +347,22 @@ class CodeEditEnv(TextEnv):
             self._cleanup()  # removes the temporary repository (idempotent)
             self._cleanup = None
         self._ws = None
+
+
+MAX_HINT_FAILURES = 3  # a task's failures are 1-3 tests of one function; more would repeat them
+
+
+def failing_tests_hint(result: sandbox.SandboxResult) -> str:
+    """One line per failing test of a sandbox run (``FAILED``/``ERROR`` and its ``at`` line), at
+    most ``MAX_HINT_FAILURES`` of them, or "" when none failed or the run did not report."""
+    if not result.completed or result.failed == 0:
+        return ""
+    lines = result.output_tail.splitlines()
+    failures = []
+    for i, line in enumerate(lines):
+        if line.startswith(("FAILED ", "ERROR ")):
+            at = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith("  at ") else ""
+            failures.append(f"{line.split(' ', 1)[1]} {at}".strip())
+    shown = failures[:MAX_HINT_FAILURES]
+    more = f" ({len(failures) - len(shown)} more fail the same way.)" if len(failures) > len(shown) else ""
+    return ("These tests fail on the initial code: " + "; ".join(shown) + "." + more) if shown else ""

@@ -42,6 +42,8 @@ import random
 import textwrap
 from dataclasses import dataclass, field
 
+from envs.code_edit.tools import format_tool_call
+
 FAMILIES = ("fix_bug", "add_param", "rename", "implement")
 KINDS = ("text", "math", "list")
 MODULE_NAMES = {"text": ("textkit", "wordtools", "strutil"), "math": ("mathkit", "calc", "numtools"),
@@ -548,16 +550,22 @@ def _assertion(env: dict, ref_name: str, shown_name: str, case: str) -> str:
 # ----- the scripted expert -----------------------------------------------------------------------------
 def expert_responses(task: Task) -> list[str]:
     """The reference solution as model responses: view, the edits, run the tests, finish with a table."""
-    from envs.code_edit.tools import format_tool_call
+    return [view_call(task), *(edit_call(e) for e in task.reference_edits), format_tool_call("run_tests", {}),
+            finish_call(task)]
 
-    out = [f"I will read the file first.\n{format_tool_call('view_file', {'path': task.target_module})}"]
-    out += [format_tool_call("replace_in_file", {"path": e.path, "old": e.old, "new": e.new})
-            for e in task.reference_edits]
-    out.append(format_tool_call("run_tests", {}))
+
+def view_call(task: Task) -> str:
+    return f"I will read the file first.\n{format_tool_call('view_file', {'path': task.target_module})}"
+
+
+def edit_call(edit: Edit) -> str:
+    return format_tool_call("replace_in_file", {"path": edit.path, "old": edit.old, "new": edit.new})
+
+
+def finish_call(task: Task) -> str:
     paths = dict.fromkeys(e.path for e in task.reference_edits)
     rows = "\n".join(f"| {p} | {_change_summary(task, p)} |" for p in paths)
-    out.append(format_tool_call("finish", {"message": f"Done.\n\n| file | change |\n|---|---|\n{rows}"}))
-    return out
+    return format_tool_call("finish", {"message": f"Done.\n\n| file | change |\n|---|---|\n{rows}"})
 
 
 def _change_summary(task: Task, path: str) -> str:

@@ -150,7 +150,8 @@ class WebShopEngine:
     def product(self) -> Product | None:
         return self.catalog.by_asin.get(self.state.asin)
 
-    def _shown(self) -> list[str]:
+    def shown(self) -> list[str]:
+        """The ASINs listed on the current results page."""
         start = (self.state.page_no - 1) * PER_PAGE
         return self.state.results[start:start + PER_PAGE]
 
@@ -164,7 +165,7 @@ class WebShopEngine:
                 clickables.append(PREV_PAGE)
             if s.page_no * PER_PAGE < len(s.results):
                 clickables.append(NEXT_PAGE)
-            clickables += [a.lower() for a in self._shown()]
+            clickables += [a.lower() for a in self.shown()]
         elif s.page is Page.ITEM:
             clickables += [BACK_TO_SEARCH, PREV_PAGE]
             clickables += [v for values in self.product.options.values() for v in values]
@@ -184,7 +185,7 @@ class WebShopEngine:
                 parts.append("< Prev")
             if s.page_no * PER_PAGE < len(s.results):
                 parts.append("Next >")
-            for asin in self._shown():
+            for asin in self.shown():
                 p = self.catalog.by_asin[asin]
                 parts += [asin, p.title, price_text(p.price)]
         elif s.page is Page.ITEM:

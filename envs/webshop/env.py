@@ -72,6 +72,7 @@ from envs.actions import parse_think_action
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env
 from envs.webshop.catalog import SPLITS, TASK_TYPES, Goal, generate_goal
 from envs.webshop.engine import BUY_NOW, SEP, WebShopEngine, catalog_and_index, parse_action
+from envs.webshop.expert import hinted_response, shopper_response
 from envs.webshop.reward import RewardBreakdown, get_reward
 from pipeline.core.types import CriterionResult, Message
 
@@ -285,6 +286,14 @@ class WebShopEnv(TextEnv):
         opts = ", ".join(f"{k}: {v}" for k, v in sorted(g.options.items()))
         return (f"The item to buy is {g.asin.lower()} ({g.name}); search for: {g.query}."
                 + (f" Choose {opts}." if opts else ""))
+
+    def expert_response(self) -> str | None:
+        """The shopper that does not know the target (``envs/webshop/expert.py``), or None after the purchase."""
+        return None if self.engine is None or self._done else shopper_response(self.engine, self.goal)
+
+    def hinted_expert_response(self) -> str | None:
+        """The shopper that knows the hint: the hint's query, then straight to the target."""
+        return None if self.engine is None or self._done else hinted_response(self.engine, self.goal)
 
     def _observation(self) -> Observation:
         return Observation(text=self.engine.observation(),

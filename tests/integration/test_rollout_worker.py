@@ -86,8 +86,10 @@ def test_groups_in_lockstep_merge_into_one_call_per_turn(tiny_model_dir):
 
     worker.engine.generate = generate
     try:
-        play(worker, 4)
+        groups = play(worker, 4)
     finally:
         worker.close()
     assert sum(sizes) == 4 * 4 * 3
+    assert all(e.privileged_hint == f"Task {g.seed} is won by any three replies." for g in groups
+               for e in g.episodes)  # written by the env at reset, read by a hints teacher
     assert sizes[-1] == 16 and len(sizes) <= 5, sizes

@@ -145,6 +145,79 @@ def test_skill_bank_covers_the_families_and_classifies_instructions():
         assert bank.classify(task.instruction) == task.family
 
 
+# ----- the expert and the privileged hint -----------------------------------------------------------
+def play_expert(env):
+    results = []
+    while (response := env.expert_response()) is not None:
+        results.append(env.step(response))
+    return results
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_envs_expert_wins_every_family_and_stops_when_the_episode_ends(family):
+    env = new_env(FAMILIES.index(family) + 8)
+    try:
+        results = play_expert(env)
+        assert results[-1].done and results[-1].won and all(r.action_valid for r in results)
+        tools_called = [r.info.get("tool") for r in results]
+        assert tools_called[0] == "view_file" and tools_called[-1] == "finish"
+        assert env.expert_response() is None
+    finally:
+        env.close()
+
+
+def test_the_expert_reads_the_working_copy_after_the_policys_own_turns():
+    env = new_env(FAMILIES.index("rename"))  # three reference edits
+    try:
+        first = env.task.reference_edits[0]
+        assert not env.step("no call here").action_valid
+        assert env.step(call("replace_in_file", path=first.path, old=first.old, new=first.new)).action_valid
+        results = play_expert(env)
+        tools_called = [r.info.get("tool") for r in results]
+        assert tools_called.count("replace_in_file") == len(env.task.reference_edits) - 1  # not the done one
+        assert results[-1].won
+    finally:
+        env.close()
+
+
+def test_with_few_turns_left_the_expert_skips_the_view_and_the_test_run():
+    env = new_env(FAMILIES.index("fix_bug"), max_turns=2)
+    try:
+        results = play_expert(env)
+        assert [r.info.get("tool") for r in results] == ["replace_in_file", "finish"] and results[-1].won
+    finally:
+        env.close()
+
+
+def test_the_privileged_hint_names_the_failing_hidden_tests_of_the_initial_code():
+    env = make_env("code_edit", {}, "train")
+    assert env.privileged_hint() is None  # before reset
+    env.reset(FAMILIES.index("add_param"))
+    try:
+        p = env.task.param
+        hint = env.privileged_hint()
+        assert hint.startswith("These tests fail on the initial code: hidden_tests.py::")
+        assert f"unexpected keyword argument '{p.name}'" in hint and "assert " in hint
+        play_expert(env)  # the working copy now passes; the hint stays the initial code's
+        assert env.privileged_hint() == hint
+        env.reset(FAMILIES.index("fix_bug"))
+        assert "tests/test_" in env.privileged_hint() and "AssertionError" in env.privileged_hint()
+    finally:
+        env.close()
+
+
+def test_the_hint_shows_at_most_three_failures_and_nothing_when_all_pass(tmp_path):
+    from envs.code_edit.env import failing_tests_hint
+
+    (tmp_path / "test_x.py").write_text("".join(f"def test_{i}():\n    assert {i} == -1\n" for i in range(5))
+                                        + "def test_ok():\n    pass\n")
+    hint = failing_tests_hint(sandbox.run_tests(tmp_path, ["test_x.py"], limits=FAST))
+    assert hint.count("AssertionError at test_x.py:") == 3 and hint.endswith("(2 more fail the same way.)")
+    assert "assert 0 == -1" in hint
+    (tmp_path / "test_x.py").write_text("def test_ok():\n    pass\n")
+    assert failing_tests_hint(sandbox.run_tests(tmp_path, ["test_x.py"], limits=FAST)) == ""
+
+
 # ----- tool calls --------------------------------------------------------------------------------
 MALFORMED = {
     "bad_json": '<tool_call>\n{"name": "view_file", "arguments": {"path": calc.py}}\n</tool_call>',

@@ -147,8 +147,8 @@ def test_an_env_without_an_expert_fails_at_launch():
     from pipeline.orchestration.run import check_launch
     from pipeline.tools.cli import compose
 
-    with pytest.raises(ConfigError, match="warm_start.enabled=true: env 'webshop' has no expert"):
-        check_launch(compose(["env=webshop", "warm_start.enabled=true"]))
+    with pytest.raises(ConfigError, match="warm_start.enabled=true: env 'gym_text' has no expert"):
+        check_launch(compose(["env=webshop", "env.name=gym_text", "warm_start.enabled=true"]))
 
 
 def test_the_alfworld_hint_says_where_things_are_and_go():

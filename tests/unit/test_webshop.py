@@ -351,6 +351,50 @@ def test_real_webshop_adapter_explains_how_to_install_it():
         make_env("webshop_real", {"nope": 1}, split="test")
 
 
+def play_expert(env, hinted=False):
+    results = []
+    while (response := env.hinted_expert_response() if hinted else env.expert_response()) is not None:
+        results.append(env.step(response))
+    return results
+
+
+@pytest.mark.parametrize("hinted", [False, True], ids=["shopper", "hinted_shopper"])
+def test_both_experts_win_in_the_strict_protocol_and_stop_after_the_purchase(hinted):
+    for seed in range(30):
+        env = env_for(seed, "valid")
+        results = play_expert(env, hinted)
+        assert results[-1].done and results[-1].won, (seed, env.task_text)
+        assert all(r.action_valid for r in results) and len(results) <= 7
+        bought = results[-1].info["purchased"]
+        if hinted:
+            assert bought == env.goal.asin  # the hint names the target
+    assert env.expert_response() is None and env.hinted_expert_response() is None
+
+
+def test_the_shopper_buys_any_item_that_satisfies_the_instruction_not_only_the_target():
+    bought_other = 0
+    for seed in range(20):
+        env = env_for(seed)
+        results = play_expert(env)
+        product = env.catalog.by_asin[results[-1].info["purchased"]]
+        assert get_reward(product, env.goal, env.goal.options).won
+        bought_other += product.asin != env.goal.asin
+    assert bought_other > 0
+
+
+def test_the_shopper_takes_over_after_a_wrong_item_and_a_sub_page():
+    from envs.webshop.expert import satisfies
+
+    env = env_for(0)
+    env.step(env.expert_response())  # the search
+    wrong = next(a for a in env.engine.shown() if not satisfies(env.catalog.by_asin[a], env.goal))
+    assert env.step(act(f"click[{wrong.lower()}]")).action_valid
+    assert env.step(act("click[features]")).action_valid
+    results = play_expert(env)
+    assert [r.action for r in results[:2]] == ["click[< prev]", "click[< prev]"]  # back to the item, the results
+    assert results[-1].won
+
+
 def test_the_privileged_hint_names_the_target_and_its_options():
     env = env_for(0)
     hint = env.privileged_hint()
