@@ -469,7 +469,9 @@ def teacher_metrics(groups: list[EpisodeGroup], self_teacher: bool) -> dict[str,
 
 
 def rollout_metrics(groups: list[EpisodeGroup], invalid_penalty: float) -> dict[str, float]:
-    """Reward, success (overall and per task type), valid-action rate, turns, response length."""
+    """Reward, success (overall and per task type), valid-action rate, turns, response length, and
+    each rubric criterion's pass rate over the episodes judged on it (a criterion moves long before
+    task success, which needs all of them)."""
     eps = [e for g in groups for e in g.episodes]
     rows = [t for e in eps for t in e.turns]
     n_eps, n_rows = max(len(eps), 1), max(len(rows), 1)
@@ -490,6 +492,12 @@ def rollout_metrics(groups: list[EpisodeGroup], invalid_penalty: float) -> dict[
             by_type[e.task_type].append(e.won)
     for tt, wins in by_type.items():
         out[f"rollout/success/{tt}"] = sum(wins) / len(wins)
+    verdicts: dict[str, list[bool]] = defaultdict(list)
+    for e in eps:
+        for c in e.criteria:
+            verdicts[c.criterion].append(c.passed)
+    for name, passed in verdicts.items():
+        out[f"rollout/criteria/{name}"] = sum(passed) / len(passed)
     return out
 
 

@@ -48,9 +48,10 @@ PRESETS = {
     },
     # The same, from a clone that also played each question as the expert told the answer (the
     # hint in its system message, warm_start.hint_placement=system: it answers at once), so that
-    # SDAR's self-teacher acts on the hint it is given; 8 steps, validations at 0, 4 and 8.
+    # the self-teachers (sdar_hints, hint_distill) act on the hint they are given; 8 steps,
+    # validations at 0, 4 and 8.
     "search_qa_hints_cpu": {
-        "methods": ["grpo", "sdar_hints"],
+        "methods": ["grpo", "sdar_hints", "hint_distill"],
         "overrides": ["+experiment=search_qa_warm_start", "warm_start.hint_placement=system",
                       "trainer.total_steps=8", "trainer.ckpt_every=0", "logger.progress=false"],
     },
@@ -66,17 +67,19 @@ PRESETS = {
                              "retire_opd": ["method.phase1_steps=10", "method.window=2"]},
     },
     # The same task from a clone that also played each task with the hint in its system message
-    # (warm_start.hint_placement=system), so that the policy reads the hint: GRPO against SDAR
-    # whose self-teacher is told the graded answer block. One epoch, as many optimizer steps as
-    # keyword_cpu's clone: with 2 epochs it started at 0.94 without the hint, no room to learn.
+    # (warm_start.hint_placement=system), so that the policy reads the hint: GRPO against two
+    # self-teachers told the graded answer block, SDAR's gated surrogate and hint_distill's exact
+    # reverse KL. One epoch, as many optimizer steps as keyword_cpu's clone: with 2 epochs it
+    # started at 0.94 without the hint, no room to learn.
     "keyword_hints_cpu": {
-        "methods": ["grpo", "sdar_hints"],
+        "methods": ["grpo", "sdar_hints", "hint_distill"],
         "overrides": ["+experiment=keyword_warm_start", "warm_start.hint_placement=system", "warm_start.epochs=1",
                       "logger.progress=false"],
     },
 }
 DIAGNOSTICS = {"gate_mean": "/gate_mean", "neg_gap_frac": "/negative_gap_fraction", "privilege_gap": "val/privilege_gap",
-               "retire_step": "/retire_step", "shaping_abs_mean": "/shaping_abs_mean"}
+               "retire_step": "/retire_step", "shaping_abs_mean": "/shaping_abs_mean",
+               "distill_kl": "/kl"}  # the exact KL to the teacher (tg/kl, sd/kl)
 
 
 def run_point(out: Path, method: str, seed: int, overrides: list[str], keep_checkpoints: bool = False) -> dict:

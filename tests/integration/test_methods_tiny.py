@@ -111,3 +111,12 @@ def test_sdar_with_alfworld_hints_scores_every_row_and_logs_the_privilege_gap(ra
     last = run_training(cfg, tmp_path)[-1]
     assert last["teacher/rows_scored_frac"] == 1.0 and "sdar/loss" in last
     assert "val/privileged_success" in last and "val/privilege_gap" in last
+
+
+def test_hint_distill_runs_its_hinted_teacher_in_the_learner_on_every_row(ray_local, tmp_path):
+    # full_kl with context: hints: the learner builds each row's teacher prompt from the episode's
+    # hint (the keyword env's graded answer block); no scorer runs.
+    history = run_training(compose(BASE + ["method=hint_distill", "trainer.total_steps=2"]), tmp_path)
+    last = history[-1]
+    assert last["sd/selected_fraction"] == 1.0 and last["sd/loss"] > 0.0
+    assert "teacher/seconds" not in last

@@ -508,3 +508,23 @@ def test_fake_actor_a_hung_group_kills_its_worker_once_however_many_calls_timed_
     assert all(isinstance(e, ActorDied) and e.generation == 0 for e in errors), errors
     assert "group_timeout_s=0.05" in str(errors[0])
     assert len(kills) == 1 and kills[0][1] is False
+
+
+def test_rollout_metrics_give_each_criterion_pass_rate_over_the_episodes_judged_on_it():
+    """code_edit's tests_pass moves long before task success does; a criterion an episode has no
+    verdict on (param_added_and_used outside add_param tasks) does not count against it."""
+    from pipeline.core.types import CriterionResult
+    from pipeline.orchestration.controller import rollout_metrics
+
+    def ep(verdicts):
+        return Episode(task_id="t", env_name="code_edit", seed=0, won=all(verdicts.values()),
+                       criteria=[CriterionResult(criterion=c, passed=p) for c, p in verdicts.items()])
+
+    group = EpisodeGroup(task_id="t", seed=0, episodes=[ep({"tests_pass": True, "param_added_and_used": False}),
+                                                ep({"tests_pass": True}), ep({"tests_pass": False})])
+    m = rollout_metrics([group], invalid_penalty=0.1)
+    assert m["rollout/criteria/tests_pass"] == pytest.approx(2 / 3)
+    assert m["rollout/criteria/param_added_and_used"] == 0.0
+    assert m["rollout/success"] == pytest.approx(1 / 3)
+    assert not any(k.startswith("rollout/criteria/") for k in rollout_metrics([EpisodeGroup(
+        task_id="u", seed=0, episodes=[Episode(task_id="u", env_name="keyword", seed=0)])], 0.1))

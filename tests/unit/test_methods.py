@@ -19,7 +19,7 @@ from pipeline.methods import available_methods, build_method, load_preset
 CONF = Path(__file__).resolve().parents[2] / "conf" / "method"
 PAPERS = ["grpo", "gigpo", "skill_grpo", "sdar", "opsd", "grpo_opsd", "skill_sd", "retire_opd", "adrs",
           "targeted_guidance"]
-COMBINATIONS = ["gated_retire_opd", "retiring_targeted_guidance", "sdar_hints"]  # YAML only, no paper
+COMBINATIONS = ["gated_retire_opd", "retiring_targeted_guidance", "sdar_hints", "hint_distill"]  # YAML only, no paper
 ALL = PAPERS + COMBINATIONS
 
 
