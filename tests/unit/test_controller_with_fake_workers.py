@@ -520,8 +520,9 @@ def test_rollout_metrics_give_each_criterion_pass_rate_over_the_episodes_judged_
         return Episode(task_id="t", env_name="code_edit", seed=0, won=all(verdicts.values()),
                        criteria=[CriterionResult(criterion=c, passed=p) for c, p in verdicts.items()])
 
-    group = EpisodeGroup(task_id="t", seed=0, episodes=[ep({"tests_pass": True, "param_added_and_used": False}),
-                                                ep({"tests_pass": True}), ep({"tests_pass": False})])
+    episodes = [ep({"tests_pass": True, "param_added_and_used": False}), ep({"tests_pass": True}),
+                ep({"tests_pass": False})]
+    group = EpisodeGroup(task_id="t", seed=0, episodes=episodes)
     m = rollout_metrics([group], invalid_penalty=0.1)
     assert m["rollout/criteria/tests_pass"] == pytest.approx(2 / 3)
     assert m["rollout/criteria/param_added_and_used"] == 0.0
