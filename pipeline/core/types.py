@@ -55,6 +55,15 @@ class CriterionResult:
     feedback: str = ""  # static feedback string for the criterion (privileged context)
 
 
+def criterion_pass_rates(episodes: "list[Episode]") -> dict[str, float]:
+    """Each criterion's pass rate over the episodes that have a verdict on it."""
+    verdicts: dict[str, list[bool]] = {}
+    for e in episodes:
+        for c in e.criteria:
+            verdicts.setdefault(c.criterion, []).append(c.passed)
+    return {name: sum(v) / len(v) for name, v in verdicts.items()}
+
+
 @dataclass(kw_only=True, slots=True)
 class TurnRecord:
     """One assistant turn = one training row.

@@ -33,7 +33,7 @@ from actors.handles import ActorDied
 from pipeline.core.config import PrivyConfig
 from pipeline.core.errors import first_line
 from pipeline.core.microbatch import slice_rows
-from pipeline.core.types import EpisodeGroup
+from pipeline.core.types import EpisodeGroup, criterion_pass_rates
 from pipeline.distributed.weight_sync import WeightSyncError
 from pipeline.orchestration.batches import build_train_batch, drop_silent_rows, minibatch_bounds, rows_of
 from pipeline.orchestration.buffer import GroupBuffer
@@ -492,12 +492,7 @@ def rollout_metrics(groups: list[EpisodeGroup], invalid_penalty: float) -> dict[
             by_type[e.task_type].append(e.won)
     for tt, wins in by_type.items():
         out[f"rollout/success/{tt}"] = sum(wins) / len(wins)
-    verdicts: dict[str, list[bool]] = defaultdict(list)
-    for e in eps:
-        for c in e.criteria:
-            verdicts[c.criterion].append(c.passed)
-    for name, passed in verdicts.items():
-        out[f"rollout/criteria/{name}"] = sum(passed) / len(passed)
+    out.update({f"rollout/criteria/{name}": rate for name, rate in criterion_pass_rates(eps).items()})
     return out
 
 

@@ -15,7 +15,7 @@ PANELS = [
     ("grad norm", ["learner/grad_norm"]),
     ("seconds per step", ["time/step_s", "time/train_s", "time/wait_rollout_s"]),
 ]
-METHOD_PREFIXES = ("sdar/", "opd/", "adrs/", "tg/", "gigpo/", "skill_sd/")
+METHOD_PREFIXES = ("sdar/", "opd/", "adrs/", "tg/", "sd/", "gigpo/", "skill_sd/")
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

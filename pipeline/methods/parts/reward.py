@@ -13,9 +13,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 
-from pipeline.core.types import Episode, EpisodeGroup
+from pipeline.core.types import Episode, EpisodeGroup, criterion_pass_rates
 from pipeline.methods.options import check_types, require
 from pipeline.methods.parts.base import Part, part
 
@@ -62,11 +61,7 @@ class CriteriaReward(Part):
 
     def metrics(self, groups: list[EpisodeGroup]) -> dict[str, float]:
         episodes = [e for g in groups for e in g.episodes]
-        passes: dict[str, list[bool]] = defaultdict(list)
-        for e in episodes:
-            for c in e.criteria:
-                passes[c.criterion].append(c.passed)
         prefix = self.setting.prefix
         out = {f"{prefix}/reward_mean": sum(self.episode_reward(e) for e in episodes) / max(len(episodes), 1)}
-        out.update({f"{prefix}/pass/{name}": sum(v) / len(v) for name, v in passes.items()})
+        out.update({f"{prefix}/pass/{name}": rate for name, rate in criterion_pass_rates(episodes).items()})
         return out
