@@ -134,12 +134,15 @@ class ScorerConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 20
+    total_steps: int = 20  # 0: evaluate the starting model only (val_at_start, final_val_splits)
     groups_per_step: int = 2  # complete groups per training step
     max_policy_lag: int = 0  # 0 = synchronous on-policy; k = groups up to k versions old are used
     val_every: int = 10  # 0 = never
     val_tasks: int = 8  # held-out tasks per validation
     val_at_start: bool = False  # validate once before the first step too (logged as step 0)
+    # Splits validated once more after the last step, beside env.val_split, logged as
+    # final/<split>/... (ALFWorld: [valid_unseen], floor plans never trained or validated on).
+    final_val_splits: list[str] = field(default_factory=list)
     ckpt_every: int = 10  # 0 = only the final checkpoint
     keep_checkpoints: int = 2
     # Training steps in a row whose update was discarded for non-finite gradients that stop the
@@ -305,7 +308,9 @@ def validate(cfg: PrivyConfig) -> None:
     _require(lr.kl_coef >= 0, f"learner.kl_coef={lr.kl_coef} must be >= 0")
     _require(lr.call_timeout_s >= 0, f"learner.call_timeout_s={lr.call_timeout_s} must be >= 0 (0 = never)")
     _require(lr.entropy_coef >= 0, f"learner.entropy_coef={lr.entropy_coef} must be >= 0")
-    _require(t.total_steps >= 1, "trainer.total_steps must be >= 1")
+    _require(t.total_steps >= 0, "trainer.total_steps must be >= 0 (0 = evaluate only)")
+    _require(t.total_steps or t.val_at_start or t.final_val_splits,
+             "trainer.total_steps=0 evaluates only: set trainer.val_at_start=true or trainer.final_val_splits")
     _require(t.groups_per_step >= 1, "trainer.groups_per_step must be >= 1")
     _require(t.max_policy_lag >= 0, "trainer.max_policy_lag must be >= 0 (0 = synchronous)")
     _require(t.max_policy_lag == 0 or lr.correction != "none",
@@ -313,7 +318,8 @@ def validate(cfg: PrivyConfig) -> None:
     _require(t.val_every >= 0, f"trainer.val_every={t.val_every} must be >= 0 (0 = never)")
     _require(t.ckpt_every >= 0, f"trainer.ckpt_every={t.ckpt_every} must be >= 0 (0 = only the final checkpoint)")
     _require(t.keep_checkpoints >= 1, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 1")
-    _require(t.val_tasks >= 1 or t.val_every == 0, "trainer.val_tasks must be >= 1 when validating")
+    _require(t.val_tasks >= 1 or not (t.val_every or t.val_at_start or t.final_val_splits),
+             "trainer.val_tasks must be >= 1 when validating")
     v = r.vllm
     _require(v.tensor_parallel_size >= 1, "rollout.vllm.tensor_parallel_size must be >= 1")
     _require(0 < v.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization must be in (0, 1]")

@@ -119,7 +119,7 @@ class Controller:
     # ----- loops ---------------------------------------------------------------------------------
     async def run(self) -> list[dict[str, float]]:
         t = self.cfg.trainer
-        n_loops = (t.max_policy_lag + 1) * t.groups_per_step
+        n_loops = (t.max_policy_lag + 1) * t.groups_per_step if t.total_steps else 0  # 0: evaluate only
         rollouts = [asyncio.create_task(self._rollout_loop(self.workers[i % len(self.workers)]), name=f"rollout{i}")
                     for i in range(n_loops)]
         self._trainer = trainer = asyncio.create_task(self._train_loop(), name="train")
@@ -256,8 +256,11 @@ class Controller:
 
     async def _train_loop(self) -> None:
         t = self.cfg.trainer
-        if t.val_at_start and self.state.step == 0:  # the starting point (e.g. the warm start), as step 0
-            metrics = await self._validate(0, notify_method=False)
+        if self.state.step == 0 and (t.val_at_start or t.total_steps == 0):
+            # the starting point (e.g. the warm start), as step 0; with no steps, also the final splits
+            metrics = await self._validate(0, notify_method=False) if t.val_at_start else {}
+            if t.total_steps == 0:
+                metrics.update(await self._final_validation(0))
             self.logger.log(metrics, 0)
             if self.progress is not None:
                 self.progress(0, metrics)
@@ -267,6 +270,8 @@ class Controller:
             halt = self._count_skip(step, metrics)
             if t.val_every and (step % t.val_every == 0 or step == t.total_steps) and not halt:
                 metrics.update(await self._validate(step))
+            if step == t.total_steps and not halt:
+                metrics.update(await self._final_validation(step))
             due = (t.ckpt_every and step % t.ckpt_every == 0) or step == t.total_steps
             if self.checkpointer is not None and (due or halt or self._stop.is_set()):
                 tc = time.time()
@@ -387,8 +392,9 @@ class Controller:
         })
         return metrics
 
-    async def _validate(self, step: int, notify_method: bool = True) -> dict[str, float]:
-        """Held-out tasks at each validation temperature (0 = greedy), one episode per task.
+    async def _validate(self, step: int, notify_method: bool = True, split: str | None = None) -> dict[str, float]:
+        """Held-out tasks at each validation temperature (0 = greedy), one episode per task, from
+        ``env.val_split`` (logged as val/...) or ``split`` (a final split: final/<split>/...).
 
         For a method with a teacher, the first temperature's tasks are played once more with the
         teacher's privileged context in the student's own prompt (feedback: that of the first
@@ -396,35 +402,43 @@ class Controller:
         teacher's headroom over the student (RetireOPD's SR_T when the teacher learns too)."""
         cfg = self.cfg
         t0 = time.time()
+        pre = f"final/{split}" if split else "val"
+        split = split or cfg.env.val_split
         out: dict[str, float] = {}
         first: list[EpisodeGroup] = []
         for temp in cfg.rollout.val_temperatures:
-            groups = await self._play_validation(temp, [self.method.student_view()] * cfg.trainer.val_tasks)
+            groups = await self._play_validation(temp, [self.method.student_view()] * cfg.trainer.val_tasks, split)
             tag = "greedy" if temp == 0 else f"t{temp:g}"
             m = rollout_metrics(groups, self.method.invalid_action_penalty)
-            out.update({k.replace("rollout/", f"val/{tag}/", 1): v for k, v in m.items()})
+            out.update({k.replace("rollout/", f"{pre}/{tag}/", 1): v for k, v in m.items()})
             if temp == cfg.rollout.val_temperatures[0]:
-                out["val/success"] = m["rollout/success"]
+                out[f"{pre}/success"] = m["rollout/success"]
                 first = groups
         privileged = None
         views = [self.method.privileged_view(g.episodes[0]) for g in first]
         if any(v is not None for v in views):
-            groups = await self._play_validation(cfg.rollout.val_temperatures[0], views, keep=first)
+            groups = await self._play_validation(cfg.rollout.val_temperatures[0], views, split, keep=first)
             privileged = rollout_metrics(groups, self.method.invalid_action_penalty)["rollout/success"]
-            out["val/privileged_success"] = privileged
-            out["val/privilege_gap"] = privileged - out["val/success"]
-            if out["val/privilege_gap"] <= 0:
-                print(f"privy-rl: step {step}: privilege gap {out['val/privilege_gap']:+.3f} <= 0: with its "
-                      f"context the policy does no better on validation, so the teacher has nothing to "
-                      f"distil yet", file=sys.stderr, flush=True)
+            out[f"{pre}/privileged_success"] = privileged
+            gap = out[f"{pre}/privilege_gap"] = privileged - out[f"{pre}/success"]
+            if gap <= 0:
+                print(f"privy-rl: step {step}: privilege gap {gap:+.3f} <= 0 on {split}: with its context the "
+                      f"policy does no better, so the teacher has nothing to distil yet", file=sys.stderr, flush=True)
         if notify_method:  # a method's windows (RetireOPD) count validations after training steps only
             out.update(self.method.on_validation(step, out.get("val/success", 0.0), privileged))
-        out["time/val_s"] = time.time() - t0
+        out[f"time/{pre}_s"] = time.time() - t0
         return out
 
-    async def _play_validation(self, temperature: float, views: list, keep: list | None = None) -> list[EpisodeGroup]:
-        """One episode per validation task; a task whose view is None keeps ``keep``'s episode
-        (it has no privileged context: its privileged outcome is its plain one)."""
+    async def _final_validation(self, step: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for split in self.cfg.trainer.final_val_splits:
+            out.update(await self._validate(step, notify_method=False, split=split))
+        return out
+
+    async def _play_validation(self, temperature: float, views: list, split: str,
+                               keep: list | None = None) -> list[EpisodeGroup]:
+        """One episode per validation task of ``split``; a task whose view is None keeps ``keep``'s
+        episode (it has no privileged context: its privileged outcome is its plain one)."""
         cfg = self.cfg
 
         async def one(i: int, view):
@@ -433,7 +447,7 @@ class Controller:
             while True:  # a worker that dies mid-episode plays it again once restarted
                 try:
                     return await self.workers[i % len(self.workers)].run_group(
-                        task_seed=i, split=cfg.env.val_split, group_size=1, temperature=temperature,
+                        task_seed=i, split=split, group_size=1, temperature=temperature,
                         sample_seed=10_000 + i, view=view, min_version=self._published)
                 except ActorDied as e:
                     self.events.record("replay", step=self.state.step, task=f"val{i}", actor=e.handle.name)

@@ -32,6 +32,7 @@ def check_launch(cfg: PrivyConfig):
     if cfg.warm_start.enabled and env_cls.expert_response is TextEnv.expert_response:
         raise ConfigError(f"warm_start.enabled=true: env {cfg.env.name!r} has no expert to clone "
                           "(TextEnv.expert_response); set warm_start.enabled=false")
+    _check_splits(cfg)
     penalty = (cfg.env.invalid_action_penalty if cfg.env.invalid_action_penalty is not None
                else env_cls.invalid_action_penalty)
     try:
@@ -52,6 +53,19 @@ def check_launch(cfg: PrivyConfig):
         raise ConfigError(f"the actors ask for {need:g} CPUs but the local Ray has {have}: lower "
                           "rollout.num_cpus / learner.num_cpus (fractions are fine) or the actor counts")
     return method, penalty
+
+
+def _check_splits(cfg: PrivyConfig) -> None:
+    """Each split the run will play must exist now, not after hours of training (a final split)."""
+    from envs import make_env
+
+    named = [("env.train_split", cfg.env.train_split), ("env.val_split", cfg.env.val_split)]
+    named += [("trainer.final_val_splits", s) for s in cfg.trainer.final_val_splits]
+    for field_name, split in named:
+        try:
+            make_env(cfg.env.name, cfg.env.options, split).close()
+        except ValueError as e:
+            raise ConfigError(f"{field_name}={split!r}: {e}") from None
 
 
 def actor_threads(cfg: PrivyConfig) -> int:

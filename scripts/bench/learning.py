@@ -132,6 +132,8 @@ def summarise(points: list[dict], out: Path, baseline: str = "grpo") -> list[dic
     # the seed moves every method together, so a method's final minus the baseline's at the same
     # seed is a tighter comparison than the two spreads
     base_final = {p["seed"]: c[max(c)] for p in by_method.get(baseline, []) if (c := val_curve(p["rows"]))}
+    final_splits = sorted({k.split("/")[1] for p in points for r in p["rows"] for k in r
+                           if k.startswith("final/") and k.count("/") == 2 and k.endswith("/success")})
     table = []
     for m, ps in by_method.items():
         done = [p for p in ps if p["rows"]]
@@ -148,6 +150,9 @@ def summarise(points: list[dict], out: Path, baseline: str = "grpo") -> list[dic
                "final train success": _ms([p["rows"][-1].get("rollout/success", 0.0) for p in done]),
                f"steps to {baseline}'s final": "" if reach is None else str(reach),
                "minutes per run": _ms([p["seconds"] / 60 for p in done if "seconds" in p])}
+        for split in final_splits:  # trainer.final_val_splits: evaluated once, after the last step
+            row[f"{split} success (end)"] = _ms([v for p in done if (v := _last(p["rows"], f"final/{split}/success"))
+                                                 is not None])
         for col, suffix in DIAGNOSTICS.items():
             vals = [v for p in done if (v := _last(p["rows"], suffix)) is not None]
             row[col] = _ms(vals)

@@ -65,3 +65,24 @@ def test_every_experiment_recipe_composes_and_validates():
         cfg = compose([f"+experiment={name}", "model.path=/models/any"] if name.endswith("paper")
                       else [f"+experiment={name}"])
         assert cfg.experiment == name
+
+
+@pytest.mark.parametrize("override, words", [
+    ("trainer.final_val_splits=[valid_unseen,valid_sean]", "trainer.final_val_splits='valid_sean'"),
+    ("env.val_split=dev", "env.val_split='dev'"),
+])
+def test_a_split_the_env_does_not_have_fails_at_launch_naming_the_field(override, words):
+    from pipeline.orchestration.run import check_launch
+
+    check_launch(compose(["trainer.final_val_splits=[valid_unseen]"]))  # ALFWorld's third split
+    with pytest.raises(ConfigError, match=words):
+        check_launch(compose([override]))
+
+
+def test_zero_steps_evaluate_only_and_need_something_to_evaluate():
+    assert compose(["trainer.total_steps=0", "trainer.val_at_start=true"]).trainer.total_steps == 0
+    assert compose(["trainer.total_steps=0", "trainer.final_val_splits=[valid_unseen]"]).trainer.total_steps == 0
+    with pytest.raises(ConfigError, match="trainer.total_steps=0 evaluates only"):
+        compose(["trainer.total_steps=0"])
+    with pytest.raises(ConfigError, match="trainer.total_steps must be >= 0"):
+        compose(["trainer.total_steps=-1"])

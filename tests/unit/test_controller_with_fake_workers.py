@@ -99,6 +99,61 @@ def test_fake_tokens_per_second_count_the_groups_played_during_the_first_validat
     assert all(0.0 <= h["time/rollout_idle_frac"] <= 1.0 for h in history)
 
 
+class SplitWorker(FakeWorker):
+    """A FAKE worker whose episodes win on the split named ``wins`` only, and that records the
+    splits it was asked for."""
+
+    def __init__(self, wins: str):
+        super().__init__(0.0)
+        self.wins, self.splits = wins, []
+
+    async def run_group(self, *, split, **kw):
+        self.splits.append(split)
+        group = await super().run_group(split=split, **kw)
+        for ep in group.episodes:
+            ep.won = split == self.wins
+            ep.reward = float(ep.won)
+        return group
+
+
+def test_fake_final_val_splits_are_validated_once_after_the_last_step():
+    cfg = make_cfg(lag=0, steps=3)
+    cfg.trainer.val_every, cfg.trainer.val_tasks, cfg.trainer.val_at_start = 2, 3, True
+    cfg.trainer.final_val_splits = ["valid_unseen"]
+    cfg.rollout.val_temperatures = [0.0]
+    worker = SplitWorker(wins="valid_unseen")
+    _, history = run(cfg, [worker], FakeLearner(0.0))
+    assert worker.splits.count("valid_unseen") == 3  # the 3 tasks, once, at the end
+    assert worker.splits.count(cfg.env.val_split) == 9  # steps 0, 2 and 3
+    assert [h.get("final/valid_unseen/success") for h in history] == [None, None, 1.0]
+    assert history[-1]["final/valid_unseen/greedy/success"] == 1.0 and history[-1]["val/success"] == 0.0
+    assert "time/final/valid_unseen_s" in history[-1]
+
+
+def test_fake_total_steps_zero_evaluates_the_start_and_the_final_splits_and_plays_no_training_group():
+    from pipeline.orchestration.logging import NullSink
+
+    class Rows(NullSink):
+        def __init__(self):
+            self.rows = []
+
+        def log(self, metrics, step):
+            self.rows.append((step, dict(metrics)))
+
+    cfg = make_cfg(lag=0, steps=0)
+    cfg.trainer.val_at_start, cfg.trainer.val_tasks = True, 3
+    cfg.trainer.final_val_splits = ["valid_unseen"]
+    cfg.rollout.val_temperatures = [0.0]
+    worker, sink, learner = SplitWorker(wins="valid_unseen"), Rows(), FakeLearner(0.0)
+    ctl = Controller(cfg, learner=learner, workers=[worker], method=build_method({"name": "grpo"}, invalid_action_penalty=0.1),
+                     logger=MetricsLogger([sink]))
+    history = asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
+    assert history == [] and learner.trained_versions == [] and ctl.state.step == 0
+    assert worker.splits == [cfg.env.val_split] * 3 + ["valid_unseen"] * 3  # no training group
+    [(step, row)] = sink.rows
+    assert step == 0 and row["val/success"] == 0.0 and row["final/valid_unseen/success"] == 1.0
+
+
 def test_fake_lag_one_overlaps_rollout_with_training_and_stays_within_the_bound():
     learner = FakeLearner(0.05)
     ctl, history = run(make_cfg(lag=1, steps=6), [FakeWorker(0.05)], learner)

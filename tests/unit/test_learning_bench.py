@@ -39,10 +39,21 @@ def test_the_table_averages_seeds_and_finds_when_a_method_reaches_grpo(tmp_path)
     assert by["sdar_hints"]["gate_mean"] == "0.500 ± 0.141"
     assert by["sdar_hints"]["neg_gap_frac"] == "0.500 ± 0.141"  # the loss logs negative_gap_fraction
     assert by["gigpo"]["seeds"] == 0 and by["gigpo"]["failed"] == 1
+    assert "test success (end)" not in by["grpo"]  # no run evaluated a final split
     with open(tmp_path / "learning.csv") as f:
         assert len(list(csv.DictReader(f))) == 3
     assert (tmp_path / "learning.png").stat().st_size > 1000
     assert "| sdar_hints |" in (tmp_path / "learning.md").read_text()
+
+
+def test_a_final_split_gets_its_own_column(tmp_path):
+    points = []
+    for seed, end in ((0, 0.5), (1, 0.7)):
+        rows = _rows([0.1, 0.3])
+        rows[-1]["final/test/success"] = end
+        points.append({"method": "grpo", "seed": seed, "rows": rows, "seconds": 60})
+    [row] = bench.summarise(points, tmp_path)
+    assert row["test success (end)"] == "0.600 ± 0.141"
 
 
 def test_a_finished_point_loses_its_checkpoints_unless_kept_with_a_fake_train_process(tmp_path, monkeypatch):
