@@ -98,18 +98,18 @@ def train_from_hydra(dcfg) -> None:
 def summary_line(history: list[dict], run_dir) -> str:
     """The run's last line: its last train step, then held-out success at every validation (read
     from metrics.jsonl, which holds the step-0 validation too), the number that says it learned."""
-    from pipeline.tools.sweep_report import read_rows  # one row per step, also after a resume
+    from pipeline.tools.sweep_report import final_split_success, read_rows  # one row per step, also after a resume
 
     last = history[-1] if history else {}
     line = f"privy-rl: done: {len(history)} steps in {run_dir}"
     if "rollout/success" in last:
         line += f"; last train reward {last.get('rollout/reward', float('nan')):.3f}, success {last['rollout/success']:.3f}"
-    val = [(r["step"], r["val/success"]) for r in read_rows(Path(run_dir)) if r.get("val/success") is not None]
+    rows = read_rows(Path(run_dir))
+    val = [(r["step"], r["val/success"]) for r in rows if r.get("val/success") is not None]
     if val:
         line += "; held-out success " + " -> ".join(f"{v:.3f} (step {s})" for s, v in val)
-    final = {k: v for r in read_rows(Path(run_dir)) for k, v in r.items()
-             if k.startswith("final/") and k.count("/") == 2 and k.endswith("/success")}
-    line += "".join(f"; {k.split('/')[1]} success {v:.3f}" for k, v in sorted(final.items()))
+    final = {split: v for r in rows for split, v in final_split_success(r).items()}
+    line += "".join(f"; {split} success {v:.3f}" for split, v in sorted(final.items()))
     return line
 
 

@@ -56,6 +56,12 @@ def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def final_split_success(row: dict[str, Any]) -> dict[str, float]:
+    """{split: success} of the trainer.final_val_splits a metrics row holds (``final/<split>/success``)."""
+    return {k.split("/")[1]: v for k, v in row.items()
+            if k.startswith("final/") and k.count("/") == 2 and k.endswith("/success")}
+
+
 def run_metrics(rows: list[dict[str, Any]], metric: str) -> dict[str, float]:
     """Final values (the last logged), the best val/success, the last step, the diagnostics."""
     def final(key: str) -> float | None:

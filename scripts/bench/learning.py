@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # before scripts/bench, whose pipeline.py would shadow the package
+
+from pipeline.tools.sweep_report import final_split_success  # noqa: E402
 
 # ALFWorld, SmolLM2 from its expert warm start (conf/experiment/alfworld_warm_start.yaml): 10
 # steps, validation before the first step and every 5 on 32 valid_seen tasks, about 1 h 25 min a
@@ -132,8 +135,7 @@ def summarise(points: list[dict], out: Path, baseline: str = "grpo") -> list[dic
     # the seed moves every method together, so a method's final minus the baseline's at the same
     # seed is a tighter comparison than the two spreads
     base_final = {p["seed"]: c[max(c)] for p in by_method.get(baseline, []) if (c := val_curve(p["rows"]))}
-    final_splits = sorted({k.split("/")[1] for p in points for r in p["rows"] for k in r
-                           if k.startswith("final/") and k.count("/") == 2 and k.endswith("/success")})
+    final_splits = sorted({split for p in points for r in p["rows"] for split in final_split_success(r)})
     table = []
     for m, ps in by_method.items():
         done = [p for p in ps if p["rows"]]
