@@ -5,7 +5,8 @@
 #   OUT=/some/dir scripts/gpu_check.sh
 #
 # 1. Installs the wheels shipped in the tree under .whl/ (if any) with
-#    `pip install --no-index --no-deps .whl/*.whl` (no network needed).
+#    `pip install --no-index --no-deps .whl/*.whl` (no network needed); scripts/gpu_wheels.sh
+#    fills .whl/ on a machine that reaches PyPI (docs/gpu.md: the run of 2026-12-04).
 # 2. Runs `pytest -m gpu tests/gpu -x` with the project on PYTHONPATH (the project itself is not
 #    pip-installed: that would let pip re-resolve torch).
 # 3. Writes ${OUT:-.}/gpu_report.txt: nvidia-smi line, torch / CUDA / NCCL / DeepSpeed /

@@ -35,7 +35,7 @@ _CHATML_TEMPLATE = (
 _BYTE_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # SmolLM2's ids 0, 1, 2 (unk, bos, eos)
 
 
-def _byte_tokenizer() -> "PreTrainedTokenizerBase":
+def byte_tokenizer() -> "PreTrainedTokenizerBase":
     """A byte-level BPE tokenizer without merges: 256 byte tokens after SmolLM2's 3 special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -109,7 +109,7 @@ def build_tiny_model(
         if vocab == "smollm2":
             tok = AutoTokenizer.from_pretrained(ensure_smollm2(cache_dir))
         else:
-            tok = _byte_tokenizer()
+            tok = byte_tokenizer()
         t0 = time.perf_counter()
         # Exactly len(tok) rows: a random model samples every id, so none may be undecodable.
         config = _tiny_config(len(tok), tok)

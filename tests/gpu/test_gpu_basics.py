@@ -1,14 +1,19 @@
 """GPU basics: the pieces the GPU cluster path stands on, on one CUDA machine.
 
-Run with ``scripts/gpu_check.sh`` (or ``DS_ACCELERATOR=cuda pytest -m gpu tests/gpu -x``). Skipped
-without CUDA. Uses the ``tiny_bytes`` model (random 2-layer Llama, byte tokenizer): it is built
-locally and needs no network.
+Run with ``scripts/gpu_check.sh`` (or ``DS_ACCELERATOR=cuda pytest -m gpu tests/gpu -x``). Uses
+the ``tiny_bytes`` model (random 2-layer Llama, byte tokenizer): it is built locally and needs no
+network. Tests 1 and 2 also run on ``cpu`` in every CPU suite (those cases carry no ``gpu`` mark):
+the GPU machine is lent rarely, and code that only runs there rots unseen (two API changes had
+broken this file before its first run on a GPU).
 
-1. HFEngine generates on cuda, and its behaviour log-probs match ``forward_response`` on cuda.
-2. A LearnerWorker (DeepSpeed, NCCL, world size 1, ZeRO-2, bf16) takes a step on cuda, in a child
-   process so that DeepSpeed picks the cuda accelerator whatever the test session set
-   (tests/conftest.py defaults DS_ACCELERATOR to cpu): first with the batch moved to the GPU by the
-   test, then with the batch as rollout workers send it (CPU tensors), which is the production path.
+1. HFEngine generates on the device, and its behaviour log-probs match ``forward_response``; the
+   teacher scorer at precision auto stays near the fp32 forward.
+2. A LearnerWorker (DeepSpeed, NCCL on cuda / gloo on cpu, world size 1, ZeRO-2, bf16) takes a
+   step, in a child process so that DeepSpeed picks the accelerator whatever the test session set
+   (tests/conftest.py defaults DS_ACCELERATOR to cpu): with the batch on the device, and on cuda
+   also with the batch as rollout workers send it (CPU tensors), which is the production path.
+   Then, at ZeRO-2 and ZeRO-3, the reference KL, the learner-side teacher of ``full_kl`` and a
+   checkpoint that loads back bit-exactly.
 3. Moving a state dict between two processes with checksums: an NCCL broadcast from rank 0 to
    rank 1 needs two GPUs (NCCL refuses two ranks on one device: "Duplicate GPU detected"), so with
    one GPU the second process receives the tensors through CUDA IPC (torch.multiprocessing), the
@@ -30,8 +35,9 @@ import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
-pytestmark = [pytest.mark.gpu,
+NEEDS_CUDA = [pytest.mark.gpu,
               pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
+ON_EACH_DEVICE = pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)])
 
 PARITY_ATOL_FP32 = 1e-3
 CHILD_TIMEOUT = 240  # seconds for one child process (DeepSpeed import + init + one step)
@@ -98,12 +104,13 @@ def _join(ctx, what: str) -> None:
 
 
 # ----- 1. the HF engine on cuda ------------------------------------------------------------------
-def test_hf_engine_generates_on_cuda_and_matches_forward_response():
+@ON_EACH_DEVICE
+def test_hf_engine_generates_and_matches_forward_response(device):
     from actors.engines.hf import HFEngine
     from pipeline.algorithm.logprobs import response_logprobs
 
-    engine = HFEngine.from_pretrained(_model_dir(), dtype="float32", device="cuda")
-    assert engine.device.type == "cuda"
+    engine = HFEngine.from_pretrained(_model_dir(), dtype="float32", device=device)
+    assert engine.device.type == device
     vocab = engine.model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 11, 17)]
@@ -112,22 +119,26 @@ def test_hf_engine_generates_on_cuda_and_matches_forward_response():
     again = engine.generate(prompts, max_new_tokens=16, temperature=1.0, seed=0)
     assert [x.token_ids for x in again] == [x.token_ids for x in gens], "seeded sampling is not reproducible"
 
-    ref = response_logprobs(engine.model, prompts, [x.token_ids for x in gens])  # on cuda
+    ref = response_logprobs(engine.model, prompts, [x.token_ids for x in gens])  # on the engine's device
     gap = max((r - torch.tensor(x.logprobs)).abs().max().item() for r, x in zip(ref, gens))
     assert gap <= PARITY_ATOL_FP32, f"behaviour log-probs differ from forward_response by {gap:.2e}"
 
 
-def test_teacher_scorer_on_cuda_runs_bf16_and_stays_near_the_fp32_learner():
-    """The GPU configs give the scorer a GPU at precision auto (bf16 there); its teacher log-probs
-    stay within the bf16 gap of the learner's fp32 forward on the same tokens (CPU engines
-    measured 0.05 mean, 0.3 max in bf16)."""
+@ON_EACH_DEVICE
+def test_teacher_scorer_at_auto_precision_stays_near_the_fp32_learner(device):
+    """The GPU configs give the scorer a GPU at precision auto (bf16 there; on a CPU bf16 only
+    where it is native); its teacher log-probs stay within the bf16 gap of the learner's fp32
+    forward on the same tokens (CPU engines measured 0.05 mean, 0.3 max in bf16)."""
     from actors.scorer import TeacherScorerWorker
     from pipeline.algorithm.logprobs import response_logprobs
-    from pipeline.models import load_model
+    from pipeline.core.hardware import choose_precision
+    from pipeline.models import as_torch_dtype, load_model
 
     path = _model_dir()
-    scorer = TeacherScorerWorker(path, temperature=1.0, micro_batch_tokens=256, precision="auto", device="cuda")
-    assert scorer.precision.dtype == "bf16" and next(scorer.model.parameters()).dtype == torch.bfloat16
+    scorer = TeacherScorerWorker(path, temperature=1.0, micro_batch_tokens=256, precision="auto", device=device)
+    want = "bf16" if device == "cuda" else choose_precision("auto", "cpu").dtype
+    assert scorer.precision.dtype == want
+    assert next(scorer.model.parameters()).dtype == as_torch_dtype(want)
     vocab = scorer.model.config.vocab_size
     g = torch.Generator().manual_seed(1)
     items = [(torch.randint(3, vocab, (p,), generator=g).tolist(), torch.randint(3, vocab, (r,), generator=g).tolist())
@@ -138,15 +149,16 @@ def test_teacher_scorer_on_cuda_runs_bf16_and_stays_near_the_fp32_learner():
     assert gaps.mean().item() < 0.1 and gaps.max().item() < 1.0, (gaps.mean().item(), gaps.max().item())
 
 
-# ----- 2. a DeepSpeed learner step on cuda (child process) ---------------------------------------
-def _learner_child(rank: int, port: int, model_dir: str, out: str, move_batch: bool) -> None:
-    os.environ["DS_ACCELERATOR"] = "cuda"  # before DeepSpeed is imported in this process
+# ----- 2. a DeepSpeed learner step (child process) ------------------------------------------------
+def _learner_child(rank: int, device: str, model_dir: str, out: str, move_batch: bool) -> None:
+    os.environ["DS_ACCELERATOR"] = device  # before DeepSpeed is imported in this process
     import torch.distributed as dist
 
     from actors.learner import LearnerWorker, init_process_group_env
     from pipeline.core.config import LearnerConfig
+    from pipeline.distributed.rendezvous import host_store
 
-    init_process_group_env(0, 1, "127.0.0.1", port)
+    init_process_group_env(0, 1, "127.0.0.1", host_store(CHILD_TIMEOUT))
     cfg = LearnerConfig(zero_stage=2, precision="bf16", lr=1e-3, micro_batch_tokens=32)
     worker = LearnerWorker(cfg, model_dir, temperature=1.0, total_steps=2)
     worker.setup()
@@ -161,7 +173,7 @@ def _learner_child(rank: int, port: int, model_dir: str, out: str, move_batch: b
         "device": str(worker.engine.device),
         "param_dtype": str(next(worker.module.parameters()).dtype),
         "version": worker.version,
-        "metrics": {k: float(v) for k, v in metrics.items()},
+        "metrics": {k: float(value) for k, (value, _reduce) in metrics.items()},
         "changed": sum(before[k] != after[k] for k in before),
         "n_tensors": len(before),
     }
@@ -169,19 +181,19 @@ def _learner_child(rank: int, port: int, model_dir: str, out: str, move_batch: b
     dist.destroy_process_group()
 
 
-def _run_learner(tmp_path: Path, move_batch: bool) -> dict:
+def _run_learner(tmp_path: Path, device: str, move_batch: bool) -> dict:
     import torch.multiprocessing as mp
 
-    out = tmp_path / f"learner_{int(move_batch)}.json"
-    ctx = mp.start_processes(_learner_child, args=(_free_port(), _model_dir(), str(out), move_batch),
+    out = tmp_path / f"learner_{device}_{int(move_batch)}.json"
+    ctx = mp.start_processes(_learner_child, args=(device, _model_dir(), str(out), move_batch),
                              nprocs=1, join=False, start_method="spawn")
     _join(ctx, "the learner child")
     return json.loads(out.read_text())
 
 
-def _check_step(r: dict) -> None:
-    assert r["backend"] == "nccl", r
-    assert r["device"].startswith("cuda"), r
+def _check_step(r: dict, device: str) -> None:
+    assert r["backend"] == ("nccl" if device == "cuda" else "gloo"), r
+    assert r["device"].startswith(device), r
     assert r["param_dtype"] == "torch.bfloat16", r
     assert r["version"] == 1
     m = r["metrics"]
@@ -190,13 +202,95 @@ def _check_step(r: dict) -> None:
     assert r["changed"] > 0.5 * r["n_tensors"], f"only {r['changed']} of {r['n_tensors']} tensors moved"
 
 
-def test_learner_step_on_cuda_nccl_zero2_bf16(tmp_path):
-    _check_step(_run_learner(tmp_path, move_batch=True))
+@ON_EACH_DEVICE
+def test_learner_step_zero2_bf16(tmp_path, device):
+    """NCCL on a GPU, gloo on a CPU; the batch already on the learner's device."""
+    _check_step(_run_learner(tmp_path, device, move_batch=True), device)
 
 
-def test_learner_step_on_cuda_with_a_cpu_batch(tmp_path):
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=NEEDS_CUDA)])
+def test_learner_step_on_cuda_with_a_cpu_batch(tmp_path, device):
     """The batch as a rollout worker sends it (CPU tensors): the learner must move it itself."""
-    _check_step(_run_learner(tmp_path, move_batch=False))
+    _check_step(_run_learner(tmp_path, device, move_batch=False), device)
+
+
+def _hinted_batch(vocab: int, rows: int = 4, seed: int = 0):
+    """``_random_batch`` plus what a learner-side teacher reads (hint_distill's ``full_kl``): each
+    row's response after a longer, privileged prompt, right-padded, marking the same tokens."""
+    from dataclasses import replace
+
+    from pipeline.core.types import AuxTerm
+
+    batch = _random_batch(vocab, rows, seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    seqs, masks = [], []
+    for b in range(rows):
+        n = int(batch.attention_mask[b].sum())
+        resp = batch.response_mask[b, :n].bool()
+        hint = torch.randint(3, vocab, (5,), generator=g)
+        seqs.append(torch.cat([hint, batch.input_ids[b, :n]]))
+        masks.append(torch.cat([torch.zeros(5), resp.float()]))
+    T = max(len(x) for x in seqs)
+    ids, attn, mask = torch.zeros(rows, T, dtype=torch.long), torch.zeros(rows, T, dtype=torch.long), torch.zeros(rows, T)
+    for b, (x, m) in enumerate(zip(seqs, masks)):
+        ids[b, :len(x)], attn[b, :len(x)], mask[b, :len(x)] = x, 1, m
+    return replace(batch, teacher_input_ids=ids, teacher_attention_mask=attn, teacher_response_mask=mask,
+                   aux_terms=[AuxTerm(name="sd", kind="full_kl", coef=0.1)])
+
+
+def _resume_child(rank: int, device: str, zero: int, model_dir: str, ckpt: str, out: str) -> None:
+    os.environ["DS_ACCELERATOR"] = device  # before DeepSpeed is imported in this process
+    import torch.distributed as dist
+
+    from actors.learner import LearnerWorker, init_process_group_env
+    from pipeline.core.config import LearnerConfig
+    from pipeline.distributed.rendezvous import host_store
+
+    init_process_group_env(0, 1, "127.0.0.1", host_store(CHILD_TIMEOUT))
+    cfg = LearnerConfig(zero_stage=zero, precision="bf16", lr=1e-3, micro_batch_tokens=32, kl_coef=0.05)
+    worker = LearnerWorker(cfg, model_dir, temperature=1.0, total_steps=4)
+    worker.setup()
+    batch = _hinted_batch(worker.module.config.vocab_size)
+    metrics = worker.train_step([batch])
+    worker.save_checkpoint(ckpt)
+    saved = _checksums(worker.state_dict_for_sync())
+    worker.train_step([_hinted_batch(worker.module.config.vocab_size, seed=1)])  # moves away from the save
+    moved = _checksums(worker.state_dict_for_sync())
+    version = worker.load_checkpoint(ckpt)
+    result = {"metrics": {k: float(value) for k, (value, _reduce) in metrics.items()},
+              "device": str(worker.engine.device), "ref_device": str(next(worker.ref_model.parameters()).device),
+              "version": version, "saved": saved, "moved": moved,
+              "loaded": _checksums(worker.state_dict_for_sync())}
+    Path(out).write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+@ON_EACH_DEVICE
+@pytest.mark.parametrize("zero", [2, 3])
+def test_learner_reference_kl_learner_side_teacher_and_checkpoint_resume(tmp_path, device, zero):
+    """What a GPU cluster run adds to the plain step: the k3 KL to a reference model on the
+    learner's device, the learner-side teacher forward of ``full_kl`` (hint_distill), ZeRO-3's
+    gathered weights, and a checkpoint that loads back bit-exactly, with an HF export that
+    transformers loads to the same weights."""
+    import torch.multiprocessing as mp
+    from transformers import AutoModelForCausalLM
+
+    out, ckpt = tmp_path / "resume.json", tmp_path / "ckpt"
+    ctx = mp.start_processes(_resume_child, args=(device, zero, _model_dir(), str(ckpt), str(out)),
+                             nprocs=1, join=False, start_method="spawn")
+    _join(ctx, "the resume child")
+    r = json.loads(out.read_text())
+    assert r["device"].startswith(device) and r["ref_device"].startswith(device), r
+    m = r["metrics"]
+    for key in ("policy/ref_kl_ref", "sd/kl", "learner/loss", "learner/grad_norm"):
+        assert key in m and torch.isfinite(torch.tensor(m[key])), (key, sorted(m))
+    assert m["sd/kl"] > 0, "the hinted teacher's distribution differs from the student's on random rows"
+    assert r["version"] == 1
+    assert r["moved"] != r["saved"], "the second step did not move the weights: the resume check proves nothing"
+    assert r["loaded"] == r["saved"]
+    hf = AutoModelForCausalLM.from_pretrained(ckpt / "hf", dtype=torch.bfloat16).state_dict()
+    exported = _checksums({k: v for k, v in hf.items() if k in r["saved"]})
+    assert exported == {k: r["saved"][k] for k in exported} and len(exported) == len(r["saved"])
 
 
 # ----- 3. a state dict from one process to another -----------------------------------------------
@@ -217,6 +311,8 @@ def _bcast_child(rank: int, world: int, port: int, model_dir: str, out_dir: str)
     dist.destroy_process_group()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 @pytest.mark.skipif(CUDA and torch.cuda.device_count() < 2,
                     reason="an NCCL broadcast between two processes needs two GPUs: NCCL refuses two "
                            "ranks on one device ('Duplicate GPU detected'); the CUDA IPC test covers one GPU")
@@ -239,6 +335,8 @@ def _ipc_child(inbox, outbox) -> None:
     inbox.get(timeout=CHILD_TIMEOUT)  # hold the handles until the parent has read the result
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 def test_cuda_ipc_state_dict_to_a_second_process_matches_checksums():
     import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM

@@ -1,4 +1,4 @@
-"""GPU scale-out pieces on one CUDA machine (``scripts/gpu_check.sh``); skipped without CUDA.
+"""GPU scale-out pieces on one CUDA machine (``scripts/gpu_check.sh``); test 1 also runs on cpu.
 
 1. The collective weight sync (pipeline/distributed/collective_sync.py) with buffers on cuda: over NCCL
    between two processes on two GPUs; with one GPU (NCCL refuses two ranks on one device) over
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
-pytestmark = [pytest.mark.gpu,
+NEEDS_CUDA = [pytest.mark.gpu,
               pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
 
 CHILD_TIMEOUT = 240
@@ -36,17 +36,20 @@ def _model_dir() -> str:
 
 
 # ----- 1. collective weight sync on cuda ---------------------------------------------------------
-def _sync_child(rank: int, world: int, port: int, backend: str, model_dir: str, out_dir: str) -> None:
+def _sync_child(rank: int, world: int, port: int, backend: str, where: str, model_dir: str, out_dir: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from pipeline.distributed.collective_sync import broadcast_state_dict, init_group, meta_of, receive_state_dict
 
-    gpu = rank if backend == "nccl" else 0
-    torch.cuda.set_device(gpu)
+    if where == "cuda":
+        gpu = rank if backend == "nccl" else 0
+        torch.cuda.set_device(gpu)
+        device = torch.device("cuda", gpu)
+    else:
+        device = torch.device("cpu")
     sd = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).state_dict()
     meta = meta_of(sd)
     group = init_group("127.0.0.1", port, rank, world, backend, timeout_s=CHILD_TIMEOUT)
-    device = torch.device("cuda", gpu)
     out = {}
     for version in (1, 2):  # two syncs: buffers are not reused across syncs
         if rank == 0:
@@ -55,23 +58,32 @@ def _sync_child(rank: int, world: int, port: int, backend: str, model_dir: str, 
             got = sent
         else:
             got = receive_state_dict(group, meta, version, 1 << 16, device=device)
-            out[f"on_cuda{version}"] = all(v.is_cuda for v in got.values())
+            out[f"on_device{version}"] = all(v.device.type == where for v in got.values())
         out[f"sums{version}"] = {k: float(v.double().sum()) for k, v in got.items()}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
 
 
-def test_collective_weight_sync_with_cuda_buffers(tmp_path):
+@pytest.mark.parametrize("where", ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)])
+def test_collective_weight_sync_with_device_buffers(tmp_path, where):
+    """Buffers on the GPU (NCCL with two GPUs, else gloo over CUDA tensors); the cpu case runs in
+    every CPU suite so that this code cannot rot between GPU leases."""
+    import time
+
     import torch.multiprocessing as mp
 
-    backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
-    ctx = mp.start_processes(_sync_child, args=(2, _free_port(), backend, _model_dir(), str(tmp_path)),
+    backend = "nccl" if where == "cuda" and torch.cuda.device_count() >= 2 else "gloo"
+    ctx = mp.start_processes(_sync_child, args=(2, _free_port(), backend, where, _model_dir(), str(tmp_path)),
                              nprocs=2, join=False, start_method="spawn")
-    while not ctx.join(timeout=CHILD_TIMEOUT):
-        pass
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"the sync children did not finish within {CHILD_TIMEOUT} s")
     sender = json.loads((tmp_path / "rank0.json").read_text())
     receiver = json.loads((tmp_path / "rank1.json").read_text())
     for v in (1, 2):
-        assert receiver[f"on_cuda{v}"]
+        assert receiver[f"on_device{v}"]
         assert receiver[f"sums{v}"] == sender[f"sums{v}"]
         assert sender[f"stats{v}"]["buckets"] > 1
     print(f"backend={backend}: {sender['stats2']}")
@@ -83,6 +95,8 @@ def _chat(tok, text: str) -> list[int]:
     return list(ids["input_ids"] if not isinstance(ids, list) else ids)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 def test_vllm_engine_on_cuda_parity_reload_and_sleep():
     pytest.importorskip("vllm")
     from actors.engines.vllm import VLLMEngine

@@ -1,0 +1,215 @@
+"""The three compute parts of a run on one device: rollout generation, teacher scoring, a learner step.
+
+    python scripts/bench/gpu.py [--device cuda] [--layers 30] [--batch 16 64 256] [--out DIR]
+
+The model has SmolLM2-135M-Instruct's architecture (hidden 576, 30 layers, 9 heads / 3 KV heads,
+vocab 49,152, tied embeddings) with random weights and a byte tokenizer: speed does not depend on
+the weights, and the GPU machines reach no hub and cannot carry the 98 MB GGUF. Prompts are random
+ids (``--prompt-len``), so no row stops early on EOS.
+
+Prints one JSON object (and writes ``gpu_bench.json`` to ``--out``):
+- ``generate``: HFEngine (the rollout worker's engine) at ``rollout.precision=auto``, generated
+  tokens/s per batch size (median of ``--reps`` timed calls after a warm-up);
+- ``score``: TeacherScorerWorker at precision auto, scored response tokens/s over
+  ``--score-rows`` rows;
+- ``learn``: one LearnerWorker (DeepSpeed ZeRO-``--zero``, NCCL on a GPU / gloo on a CPU, world size
+  1, precision auto = bf16 with fp32 master weights where native) over ``--learn-rows`` rows, the
+  median step's seconds and tokens/s (prompt + response tokens; the first step is not counted),
+  peak device memory, and the seconds of ``state_dict_for_sync`` (the object-store route's copy of
+  the weights to host memory);
+- ``ratios``: learner tokens/s over generated tokens/s at the largest batch, i.e. how many rollout
+  tokens the learner can absorb per token sampled.
+Run it alone on the machine; on a shared 2-core CPU the numbers vary by up to 4x (NOTES.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+                     num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rope_theta=100_000.0,
+                     rms_norm_eps=1e-5, tie_word_embeddings=True)
+
+
+def build_model(out: Path, layers: int) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.models.tiny import byte_tokenizer
+
+    tok = byte_tokenizer()
+    config = LlamaConfig(num_hidden_layers=layers, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, dtype="float32", **SMOLLM2_SHAPE)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n, length), generator=g).tolist()
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bench_generate(path: Path, device: str, batches: list[int], prompt_len: int, new_tokens: int,
+                   reps: int) -> dict:
+    import torch
+
+    from actors.engines.hf import HFEngine
+    from pipeline.core.hardware import choose_precision
+
+    precision = choose_precision("auto", device).dtype
+    engine = HFEngine.from_pretrained(path, dtype=precision, device=device)
+    out = {"precision": precision, "prompt_len": prompt_len, "new_tokens": new_tokens, "tokens_per_s": {}}
+    for b in batches:
+        prompts = _prompts(b, prompt_len, SMOLLM2_SHAPE["vocab_size"], seed=b)
+        engine.generate(prompts, max_new_tokens=new_tokens, temperature=1.0, seed=0)  # warm-up
+        rates = []
+        for r in range(reps):
+            _sync(device)
+            t0 = time.perf_counter()
+            gens = engine.generate(prompts, max_new_tokens=new_tokens, temperature=1.0, seed=r + 1)
+            _sync(device)
+            rates.append(sum(g.n_tokens for g in gens) / (time.perf_counter() - t0))
+        out["tokens_per_s"][str(b)] = round(statistics.median(rates), 1)
+    del engine
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return out
+
+
+def bench_score(path: Path, device: str, rows: int, prompt_len: int, response_len: int, reps: int) -> dict:
+    from actors.scorer import TeacherScorerWorker
+
+    scorer = TeacherScorerWorker(str(path), temperature=1.0, micro_batch_tokens=16384, precision="auto",
+                                 device=device)
+    vocab = SMOLLM2_SHAPE["vocab_size"]
+    items = list(zip(_prompts(rows, prompt_len, vocab, 1), _prompts(rows, response_len, vocab, 2)))
+    scorer.score(items)  # warm-up
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        scorer.score(items)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    sec = statistics.median(times)
+    return {"precision": scorer.precision.dtype, "rows": rows, "seconds": round(sec, 4),
+            "response_tokens_per_s": round(rows * response_len / sec, 1)}
+
+
+def _train_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int):
+    import torch
+
+    from pipeline.core.types import TrainBatch
+
+    g = torch.Generator().manual_seed(seed)
+    T = prompt_len + response_len
+    ids = torch.randint(3, vocab, (rows, T), generator=g)
+    resp = torch.zeros(rows, T)
+    resp[:, prompt_len:] = 1.0
+    behaviour = -torch.full((rows, T), 10.8) * resp  # about log(1/vocab): ratios near 1
+    adv = torch.randn(rows, 1, generator=g).expand(rows, T) * resp
+    return TrainBatch(input_ids=ids, attention_mask=torch.ones(rows, T, dtype=torch.long), response_mask=resp,
+                      behaviour_logprobs=behaviour, advantages=adv.contiguous(), entropy_coef=0.001,
+                      versions=[0] * rows)
+
+
+def bench_learn(path: Path, device: str, rows: int, prompt_len: int, response_len: int, steps: int,
+                zero: int, micro_batch_tokens: int) -> dict:
+    import torch
+
+    from actors.learner import LearnerWorker, init_process_group_env
+    from pipeline.core.config import LearnerConfig
+    from pipeline.distributed.rendezvous import host_store
+
+    init_process_group_env(0, 1, "127.0.0.1", host_store(300))
+    cfg = LearnerConfig(zero_stage=zero, precision="auto", lr=1e-6, micro_batch_tokens=micro_batch_tokens)
+    worker = LearnerWorker(cfg, str(path), temperature=1.0, total_steps=steps + 1)
+    setup = worker.setup()
+    vocab = SMOLLM2_SHAPE["vocab_size"]
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for k in range(steps + 1):
+        batch = _train_batch(rows, prompt_len, response_len, vocab, seed=k)
+        _sync(device)
+        t0 = time.perf_counter()
+        metrics = worker.train_step([batch])
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    worker.state_dict_for_sync()
+    sync_s = time.perf_counter() - t0
+    sec = statistics.median(times[1:])
+    out = {"precision": worker.precision.dtype, "zero_stage": zero, "rows": rows,
+           "tokens_per_step": rows * (prompt_len + response_len), "micro_batch_tokens": micro_batch_tokens,
+           "setup_s": round(setup["learner/setup_seconds"], 2), "first_step_s": round(times[0], 3),
+           "step_s": round(sec, 3), "tokens_per_s": round(rows * (prompt_len + response_len) / sec, 1),
+           "loss_finite": bool(torch.isfinite(torch.tensor(metrics["learner/loss"][0]))),
+           "state_dict_for_sync_s": round(sync_s, 3)}
+    if device.startswith("cuda"):
+        out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    torch.distributed.destroy_process_group()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--layers", type=int, default=30, help="SmolLM2-135M has 30")
+    ap.add_argument("--batch", type=int, nargs="+", default=[16, 64, 256], help="generation batch sizes")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--score-rows", type=int, default=64)
+    ap.add_argument("--learn-rows", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=3, help="timed learner steps (after one untimed)")
+    ap.add_argument("--zero", type=int, default=2)
+    ap.add_argument("--micro-batch-tokens", type=int, default=8192)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    # DeepSpeed reads its accelerator when first imported: before anything imports it.
+    os.environ["DS_ACCELERATOR"] = args.device
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu.py: --device cuda, but torch sees no CUDA device")
+    result = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+              "torch": torch.__version__, "layers": args.layers}
+    with tempfile.TemporaryDirectory(prefix="privy_gpu_bench_") as tmp:
+        path = build_model(Path(tmp) / "model", args.layers)
+        result["generate"] = bench_generate(path, args.device, args.batch, args.prompt_len, args.new_tokens,
+                                            args.reps)
+        result["score"] = bench_score(path, args.device, args.score_rows, args.prompt_len, args.new_tokens,
+                                      args.reps)
+        result["learn"] = bench_learn(path, args.device, args.learn_rows, args.prompt_len, args.new_tokens,
+                                      args.steps, args.zero, args.micro_batch_tokens)
+    top = result["generate"]["tokens_per_s"][str(max(args.batch))]
+    result["ratios"] = {"learner_tokens_per_generated_token": round(result["learn"]["tokens_per_s"] / top, 2)}
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "gpu_bench.json").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
