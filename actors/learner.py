@@ -203,10 +203,15 @@ class LearnerWorker:
         # left out for a zero loss), divided by the world size because DeepSpeed averages
         # gradients across ranks.
         mask_sum = batch.response_mask.sum()
-        counts = self._all_reduce(torch.stack([mask_sum, mask_sum.new_tensor(batch.extra_loss_tokens)]), "sum")
-        n_global = counts.sum()
+        # Rows outside a "policy_mask" (demonstrations) are no policy's samples: the policy term,
+        # the entropy bonus and the reference KL leave them out of sum and denominator alike.
+        policy_sum = (batch.response_mask * batch.aux["policy_mask"]).sum() if "policy_mask" in batch.aux else mask_sum
+        extra = mask_sum.new_tensor(batch.extra_loss_tokens)
+        counts = self._all_reduce(torch.stack([mask_sum, extra, policy_sum]), "sum")
+        n_global = counts[0] + counts[1]
         n_total = n_global / self.world_size
-        kept = (counts[0] / n_global).clamp_min(1e-12)  # the entropy metric is over the kept tokens
+        n_policy = (counts[2] + counts[1]) / self.world_size
+        kept = (counts[2] / (counts[2] + counts[1])).clamp_min(1e-12)  # the entropy metric: over the kept tokens
         needs_logits = any(t.kind in AUX_NEEDS_LOGITS for t in batch.aux_terms)
         parts: dict[str, list[Metrics]] = defaultdict(list)  # metric prefix -> per-micro-batch metrics
         row, nonfinite = 0, 0
@@ -219,25 +224,26 @@ class LearnerWorker:
                                   temperature=self.temperature, with_entropy=True,
                                   with_logits=needs_logits)
             lp, mask = fw.logprobs, mb.response_mask
+            pmask = mask * mb.aux["policy_mask"] if "policy_mask" in mb.aux else mask
             t = mb.input_ids.shape[1]
             if prox_lp is None or i >= n_real:
                 proximal = lp.detach()
             else:
                 proximal = prox_lp[row:row + mb.n_rows, :t]
                 row += mb.n_rows
-            pg, m = policy_loss(lp, mb.behaviour_logprobs, mb.advantages, mask, n_total,
+            pg, m = policy_loss(lp, mb.behaviour_logprobs, mb.advantages, pmask, n_policy,
                                 clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                 dual_clip=cfg.dual_clip, correction=cfg.correction,
                                 proximal_logprobs=proximal, behaviour_cap=cfg.behaviour_cap)
             loss = batch.policy_loss_coef * pg
-            ent, em = entropy_bonus(fw.entropy, mask, n_total)
+            ent, em = entropy_bonus(fw.entropy, pmask, n_policy)
             m.update({k: Stat(v.value / kept, v.reduce) for k, v in em.items()})
             loss = loss - batch.entropy_coef * ent
             if self.ref_model is not None:
                 with torch.no_grad():
                     ref = forward_response(self.ref_model, mb.input_ids, mb.attention_mask, mask,
                                            temperature=self.temperature, with_entropy=False).logprobs
-                kl, km = kl_to_reference(lp, ref, mask, n_total)
+                kl, km = kl_to_reference(lp, ref, pmask, n_policy)
                 loss = loss + cfg.kl_coef * kl
                 m.update({f"ref_{k}": v for k, v in km.items()})
             parts["policy"].append(m)

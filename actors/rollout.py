@@ -19,6 +19,7 @@ are never dropped; a group then records mixed versions and the buffer judges it 
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -151,10 +152,12 @@ class RolloutWorker:
     # ----- one group -----------------------------------------------------------------------------
     def run_group(self, *, task_seed: int, split: str, group_size: int, temperature: float,
                   sample_seed: int, max_turns: int | None = None, view: StudentView | None = None,
-                  min_version: int = 0) -> EpisodeGroup:
+                  min_version: int = 0, demonstrate: bool = False) -> EpisodeGroup:
         """Play one group (blocking; groups run concurrently in the actor's threads); ``view``
-        puts privileged context into the student's own prompts. Raises WeightsLost if this process
-        never received weights ``min_version`` (the last published): Ray restarted it."""
+        puts privileged context into the student's own prompts; ``demonstrate`` adds the hinted
+        expert's episode of the task (``EpisodeGroup.demonstrations``, the equal-information
+        baseline). Raises WeightsLost if this process never received weights ``min_version`` (the
+        last published): Ray restarted it."""
         with self._lock:
             if self._received < min_version:
                 raise WeightsLost(f"rollout worker {self.worker_id} holds weights v{self._received}, "
@@ -162,11 +165,41 @@ class RolloutWorker:
         t0 = time.time()
         envs: list[TextEnv | None] = [None] * group_size
         try:
-            return _Group(self, envs, task_seed, split, temperature, sample_seed, max_turns, view, t0).play()
+            group = _Group(self, envs, task_seed, split, temperature, sample_seed, max_turns, view, t0).play()
+            if demonstrate:
+                group.demonstrations = self.demonstration(task_seed, split, max_turns, group.min_version)
+            return group
         finally:
             for env in envs:
                 if env is not None:
                     self.env_pool.submit(env.close)
+
+    def demonstration(self, task_seed: int, split: str, max_turns: int | None = None,
+                      version: int = 0) -> list[Episode]:
+        """The hinted expert's episode of the task, under the student's own prompts (no hint in
+        them), if it won; [] when it lost, the task has no hint, or the env failed (an env error
+        or a timeout costs the step one demonstration, never the group)."""
+        from pipeline.orchestration.warm_start import expert_episode
+
+        def play():
+            env = make_env(self.env_cfg.name, self.env_cfg.options, split)
+            try:
+                return env, expert_episode(env, self.prompts, task_seed, max_turns, hinted_reply=True, version=version)
+            finally:
+                env.close()
+
+        try:
+            env, played = self.env_pool.submit(play).result(timeout=self.cfg.env_timeout_s * (max_turns or 50))
+        except Exception as e:  # noqa: BLE001 - a demonstration is optional; the group is not
+            print(f"privy-rl: rollout worker {self.worker_id}: no demonstration for task {task_seed}: "
+                  f"{type(e).__name__}: {e}"[:400], file=sys.stderr, flush=True)
+            return []
+        if played is None or not played[1]:
+            return []
+        rows, _ = played
+        return [Episode(task_id=f"{self.env_cfg.name}-{task_seed}", env_name=self.env_cfg.name, seed=task_seed,
+                        task_type=env.task_type, turns=rows, reward=env.success_reward, won=True,
+                        stop_reason=StopReason.WON)]
 
     def close(self) -> None:
         self.batcher.close()

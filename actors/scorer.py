@@ -108,10 +108,12 @@ def _batch(items: list[tuple[list[int], list[int]]]) -> TrainBatch:
 class TeacherScorer(Restartable):
     """Driver-side handle: which rows, which prompts; ``actor`` is a Ray handle of the worker."""
 
-    def __init__(self, actor, spec: TeacherSpec, prompts: TeacherPrompts, timeout_s: float = 0.0):
+    def __init__(self, actor, spec: TeacherSpec, prompts: TeacherPrompts, timeout_s: float = 0.0,
+                 noise_floor: bool = False):
         self._init_restartable(actor, "teacher scorer")
         self.spec, self.prompts = spec, prompts
         self.timeout_s = timeout_s  # scorer.timeout_s (0 = never)
+        self.noise_floor = noise_floor  # also score each row on the student's own prompt
 
     @property
     def wants_weights(self) -> bool:
@@ -137,10 +139,13 @@ class TeacherScorer(Restartable):
         """``min_version``: the last published weights (a self-teacher must hold them)."""
         t0 = time.time()
         rows, items = self._items(groups)
-        lps, version = await self._call_within(self.timeout_s, "scorer.timeout_s", "score", items,
+        plain = [(row.prompt_ids, row.response_ids) for row in rows] if self.noise_floor else []
+        lps, version = await self._call_within(self.timeout_s, "scorer.timeout_s", "score", items + plain,
                                                min_version if self.wants_weights else 0)
         for row, lp in zip(rows, lps):
             row.teacher_logprobs, row.teacher_version = lp, version
+        for row, lp in zip(rows, lps[len(rows):]):  # one forward call: the same weights version
+            row.plain_teacher_logprobs = lp
         lengths = [len(ids) for ids, _ in items]
         n_rows = sum(len(g.rows()) for g in groups)
         metrics = {

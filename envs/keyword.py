@@ -13,6 +13,13 @@ Reward = ``success_reward`` x (fraction of criteria passed); ``won`` when all pa
 passes some criteria some of the time out of the box, so reward has room to rise within a few dozen
 GRPO steps: the environment of the learning test and of ``make smoke``.
 
+Splits are disjoint on the word, the unit that carries the answer: the 900 words of
+``envs/data/keyword_words.txt`` go to ``train`` / ``valid`` / ``test`` by a stable hash of the word
+(80/10/10: 729 / 95 / 76 words), so a held-out task never asks for a word seen in training (nor in
+the warm start's clone). Within a split, task ``seed`` asks for word ``seed % n`` of the split's
+list in a fixed shuffled order, ``n`` = ``n_tasks`` or, with ``n_tasks: 0``, every word of the
+split: so a split has exactly ``n`` distinct tasks.
+
 Example episode (seed 3)::
 
     user: Reply with the word "river" and nothing else, written as <answer>river</answer>.
@@ -21,15 +28,41 @@ Example episode (seed 3)::
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import random
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env
 from pipeline.core.types import CriterionResult, Message
 
-WORDS = ("river", "apple", "stone", "cloud", "green", "table", "light", "music", "house", "tiger",
-         "bread", "ocean", "paper", "horse", "chair", "dream", "glass", "plant", "sugar", "train")
+WORDS_FILE = Path(__file__).parent / "data" / "keyword_words.txt"
+SPLITS = ("train", "valid", "test")
+
+
+@functools.cache
+def all_words() -> tuple[str, ...]:
+    """Every word of the task, sorted (``envs/data/keyword_words.txt``)."""
+    lines = WORDS_FILE.read_text().splitlines()
+    return tuple(sorted({w.strip() for w in lines if w.strip() and not w.startswith("#")}))
+
+
+def split_of(word: str) -> str:
+    """``train`` / ``valid`` / ``test`` (80/10/10) from a stable hash of the word."""
+    bucket = int(hashlib.sha256(f"keyword/{word}".encode()).hexdigest(), 16) % 10
+    return "test" if bucket == 0 else "valid" if bucket == 1 else "train"
+
+
+@functools.cache
+def split_words(split: str) -> tuple[str, ...]:
+    """The words of ``split`` in a fixed order (shuffled once, so task 0..k-1 is no alphabet run)."""
+    if split not in SPLITS:
+        raise ValueError(f"keyword: unknown split {split!r}; choose one of {list(SPLITS)}")
+    words = [w for w in all_words() if split_of(w) == split]
+    random.Random(f"keyword/order/{split}").shuffle(words)
+    return tuple(words)
 
 FEEDBACK = {
     "keyword": "Your reply must contain the requested word itself.",
@@ -43,12 +76,19 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 @dataclass
 class KeywordOptions:
     max_words: int = 8  # brevity criterion: at most this many words in the whole reply
-    n_tasks: int = 1000  # distinct tasks per split
+    n_tasks: int = 0  # distinct tasks (words) per split; 0 = every word of the split (729/95/76)
     hint_format: bool = True  # show the <answer> format in the instruction
 
     def validate(self) -> None:
-        if self.max_words < 1 or self.n_tasks < 1:
-            raise ValueError("keyword: max_words and n_tasks must be >= 1")
+        if self.max_words < 1:
+            raise ValueError(f"keyword: max_words={self.max_words} must be >= 1")
+        smallest = min(len(split_words(s)) for s in SPLITS)
+        if not 0 <= self.n_tasks <= smallest:
+            raise ValueError(f"keyword: n_tasks={self.n_tasks} must be 0 (every word of the split) or between 1 "
+                             f"and {smallest}, the words of the smallest split")
+
+    def n_tasks_for(self, split: str) -> int:
+        return self.n_tasks or len(split_words(split))
 
 
 @register_env("keyword")
@@ -59,6 +99,7 @@ class KeywordEnv(TextEnv):
     success_reward = 1.0
 
     def __init__(self, opts: KeywordOptions, split: str):
+        split_words(split)  # an unknown split fails here, naming the splits
         self.opts = opts
         self.split = split
         self._word = ""
@@ -75,11 +116,8 @@ class KeywordEnv(TextEnv):
         cls.from_options(options, split="train")
 
     def reset(self, seed: int) -> Observation:
-        # The split shifts the task stream so train and validation tasks differ.
-        offset = {"train": 0}.get(self.split, 7_919)
-        rng = random.Random((seed % self.opts.n_tasks) + offset)
         self._seed = seed
-        self._word = rng.choice(WORDS)
+        self._word = split_words(self.split)[seed % self.opts.n_tasks_for(self.split)]
         return Observation(text=self.task_text)
 
     @property

@@ -130,6 +130,11 @@ class ScorerConfig:
     # A score call slower than this means the scorer hangs: Ray kills and restarts it and the
     # groups are scored again. 0 = never.
     timeout_s: float = 3600.0
+    # The noise floor: every scored row is also scored with empty privileged context (the
+    # student's own prompt) and the gap statistics of both are logged side by side (teacher/gap_*,
+    # noise/gap_*), so a gate or a shaping is read against the numerics of the two engines.
+    # Costs one more forward per scored row.
+    noise_floor: bool = True
 
 
 @dataclass

@@ -88,6 +88,9 @@ class TurnRecord:
     truncated_prompt: bool = False  # history had to be cut to fit the prompt budget
     teacher_logprobs: list[float] | None = None  # [n_response], filled by the scorer
     teacher_version: int | None = None  # weights version of the teacher that scored this row
+    # [n_response] the same teacher with empty privileged context (the student's own prompt): the
+    # noise floor of teacher_logprobs (scorer.noise_floor)
+    plain_teacher_logprobs: list[float] | None = None
 
     @property
     def n_response(self) -> int:
@@ -132,6 +135,9 @@ class EpisodeGroup:
     n_generated_tokens: int = 0
     teacher_seconds: float = 0.0  # the scorer's time on this group
     teacher_prompt_tokens: int = 0  # tokens of its privileged prompts (all scored rows)
+    # Episodes no policy played, trained by imitation only (the equal-information baseline's hinted
+    # expert): never in the group's statistics, after the group's own rows in the learner's batch.
+    demonstrations: list[Episode] = field(default_factory=list)
 
     @property
     def min_version(self) -> int:
@@ -142,7 +148,12 @@ class EpisodeGroup:
         return max((t.policy_version for e in self.episodes for t in e.turns), default=0)
 
     def rows(self) -> list[TurnRecord]:
+        """The policy's rows: the unit of the group's statistics."""
         return [t for e in self.episodes for t in e.turns]
+
+    def train_rows(self) -> list[TurnRecord]:
+        """What the learner's batch holds for this group: its rows, then its demonstrations' rows."""
+        return self.rows() + [t for e in self.demonstrations for t in e.turns]
 
 
 @dataclass(kw_only=True, slots=True)

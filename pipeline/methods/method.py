@@ -25,9 +25,22 @@ from pipeline.methods.parts.teacher import TEACHER_META, read_teacher_success_ra
 
 
 def broadcast(groups: list[EpisodeGroup], per_row: list[float]) -> list[list[float]]:
-    """One scalar per row -> that value on every response token of the row."""
-    rows = [t for g in groups for t in g.rows()]
-    return [[float(a)] * r.n_response for a, r in zip(per_row, rows)]
+    """One scalar per policy row -> that value on every response token of the row, in the
+    learner's row order (``rows_of``): a group's demonstration rows get 0 after its own rows."""
+    values = iter(per_row)
+    out: list[list[float]] = []
+    for g in groups:
+        out += [[float(next(values))] * r.n_response for r in g.rows()]
+        out += [[0.0] * r.n_response for e in g.demonstrations for r in e.turns]
+    return out
+
+
+def policy_mask(groups: list[EpisodeGroup]) -> list[list[float]] | None:
+    """1 on the policy's rows, 0 on demonstration rows (their log-probs are no behaviour's: the
+    policy term and its token mean leave them out); None when the step has no demonstration."""
+    if not any(g.demonstrations for g in groups):
+        return None
+    return broadcast(groups, [1.0] * sum(len(g.rows()) for g in groups))
 
 
 @dataclass
@@ -149,6 +162,10 @@ class Method:
         self._ready()
         return self._signal_on(step)
 
+    def wants_demonstrations(self, step: int) -> bool:
+        """Whether the groups that train ``step`` need the hinted expert's episode (signal ``imitate``)."""
+        return self.signal.demonstrations and self._signal_on(step)
+
     def student_view(self) -> StudentView | None:
         """The context in the student's own prompts (``skill_grpo``), or None."""
         return self.provider.student_view() if self.parts["student"].kind == "context" else None
@@ -225,6 +242,8 @@ class Method:
                         metrics={"adv/mean": float(a.mean()), "adv/abs_mean": float(a.abs().mean()),
                                  "adv/zero_frac": float((a == 0).float().mean()), **base.metrics,
                                  **reward.metrics(groups), **self.schedule.metrics(step)})
+        if (pmask := policy_mask(groups)) is not None:
+            credit.aux["policy_mask"] = pmask
         if self.parts["select"].masks:
             credit.metrics.update(self._selection_metrics(groups))
         if self.signal.kind == "none":

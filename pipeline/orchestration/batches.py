@@ -13,7 +13,8 @@ from pipeline.core.types import Credit, EpisodeGroup, TrainBatch, TurnRecord
 
 
 def rows_of(groups: list[EpisodeGroup]) -> list[TurnRecord]:
-    return [t for g in groups for t in g.rows()]
+    """The learner's rows, group by group (each group's demonstrations after its own rows)."""
+    return [t for g in groups for t in g.train_rows()]
 
 
 def _pad(seqs: list[list], value, dtype) -> torch.Tensor:
@@ -68,7 +69,7 @@ def build_train_batch(rows: list[TurnRecord], credit: Credit, *, pad_id: int,
 def minibatch_bounds(groups: list[EpisodeGroup], n: int) -> list[tuple[int, int]]:
     """Row ranges of ``n`` mini-batches made of whole groups, so that a group's rows (the unit of
     its advantage statistics) never straddle two optimizer steps."""
-    sizes = [len(g.rows()) for g in groups]
+    sizes = [len(g.train_rows()) for g in groups]
     cuts = [round(i * len(groups) / n) for i in range(n + 1)]
     starts = [sum(sizes[:c]) for c in cuts]
     return [(starts[i], starts[i + 1]) for i in range(n) if starts[i + 1] > starts[i]]

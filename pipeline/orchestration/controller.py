@@ -37,7 +37,7 @@ from pipeline.core.types import EpisodeGroup, criterion_pass_rates
 from pipeline.distributed.weight_sync import WeightSyncError
 from pipeline.orchestration.batches import build_train_batch, drop_silent_rows, minibatch_bounds, rows_of
 from pipeline.orchestration.buffer import GroupBuffer
-from pipeline.orchestration.logging import EventLog
+from pipeline.orchestration.logging import EventLog, OutcomeLog
 
 
 class Aborted(Exception):
@@ -46,6 +46,9 @@ class Aborted(Exception):
 
 class NonFiniteTraining(RuntimeError):
     """``trainer.max_skipped_steps`` updates in a row were discarded for non-finite gradients."""
+
+
+MAX_ENV_ERROR_REPLAYS = 3  # a training task whose env fails every episode this often in a row stops the run
 
 
 def task_seed(base_seed: int, index: int) -> int:
@@ -65,14 +68,18 @@ class ControllerState:
     replayed: int = 0  # groups lost with a dead worker and played again from their task seed
     skipped: int = 0  # training steps whose update was discarded (non-finite gradients)
     skipped_streak: int = 0  # ... of them in a row, up to the last step
+    env_error_episodes: int = 0  # training episodes cut short by their env (left out of training)
+    env_error_groups: int = 0  # training groups with no episode the env completed (played again)
 
 
 class Controller:
     def __init__(self, cfg: PrivyConfig, *, learner, workers: list, method, logger, checkpointer=None,
                  scorer=None, progress=None, state: ControllerState | None = None,
-                 buffer_state: dict | None = None, events: EventLog | None = None):
+                 buffer_state: dict | None = None, events: EventLog | None = None,
+                 outcomes: OutcomeLog | None = None):
         self.cfg = cfg
         self.events = events or EventLog(None)
+        self.outcomes = outcomes or OutcomeLog(None)
         self.learner, self.workers, self.method = learner, workers, method
         self.scorer, self.logger, self.checkpointer = scorer, logger, checkpointer
         self.progress = progress
@@ -88,6 +95,7 @@ class Controller:
             self.buffer.synced_version = self.state.step
             self.buffer.started = self.state.step * t.groups_per_step
         self._retry = list(self.state.in_flight)  # groups lost in flight at the last checkpoint
+        self._env_error_streak: dict[int, int] = {}  # task index -> groups in a row the env failed whole
         self.state.in_flight = []
         self._stop = asyncio.Event()
         self._sync_lock = asyncio.Lock()  # a training step and its publish vs a weight-group re-form
@@ -153,7 +161,12 @@ class Controller:
                     task_seed=task_seed(cfg.trainer.seed, idx), split=cfg.env.train_split,
                     group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature,
                     sample_seed=cfg.trainer.seed * 7919 + idx, view=self.method.student_view(),
-                    min_version=self._published)
+                    min_version=self._published, **self._demonstrate(ticket.deadline))
+                if not self._drop_env_errors(group, idx):
+                    await self.buffer.release_start(ticket)
+                    st.in_flight.remove(idx)
+                    self._retry.insert(0, idx)
+                    continue
                 if self._teacher_wanted(ticket.deadline):
                     group = await self._score(group)
             except ActorDied as e:
@@ -174,6 +187,30 @@ class Controller:
             st.in_flight.remove(idx)
             await self.buffer.put(ticket, group)
 
+    def _drop_env_errors(self, group: EpisodeGroup, idx: int) -> bool:
+        """Leave out the episodes their env cut short (an env exception or timeout is not the
+        policy's failure: training on it would push down innocent turns), so the group's
+        statistics are over the episodes the env completed. False: none was completed, the task
+        must be played again (counted; ``MAX_ENV_ERROR_REPLAYS`` in a row stop the run)."""
+        errors = [e.error for e in group.episodes if e.error]
+        if not errors:
+            self._env_error_streak.pop(idx, None)
+            return True
+        st = self.state
+        st.env_error_episodes += len(errors)
+        group.episodes = [e for e in group.episodes if not e.error]
+        self.events.record("env_error", step=st.step, task=idx, episodes=len(errors),
+                           kept=len(group.episodes), error=errors[0][:200])
+        if group.episodes:
+            self._env_error_streak.pop(idx, None)
+            return True
+        st.env_error_groups += 1
+        n = self._env_error_streak[idx] = self._env_error_streak.get(idx, 0) + 1
+        if n >= MAX_ENV_ERROR_REPLAYS:
+            raise RuntimeError(f"stopping the run: every episode of training task {idx} ended in an env error, "
+                               f"{n} times in a row; the last: {errors[0][:300]}")
+        return False
+
     def _playing(self, delta: int) -> None:
         """Count groups in play; the wall time with at least one is the rollout side's busy time."""
         now = time.time()
@@ -181,6 +218,11 @@ class Controller:
             self.state.rollout_busy_s += now - self._busy_mark
         self._n_playing += delta
         self._busy_mark = now
+
+    def _demonstrate(self, deadline: int) -> dict:
+        """``demonstrate=True`` when a step that may train this group learns from demonstrations."""
+        wanted = any(self.method.wants_demonstrations(s) for s in range(self.state.step, deadline + 1))
+        return {"demonstrate": True} if wanted else {}
 
     def _teacher_wanted(self, deadline: int) -> bool:
         """Whether any training step that may use a group due by ``deadline`` wants a teacher."""
@@ -371,7 +413,9 @@ class Controller:
         metrics.update(sync_m)
         metrics.update(rollout_metrics(groups, self.method.invalid_action_penalty))
         metrics.update(self.buffer.stats.as_metrics())
-        metrics.update({"faults/restarts": st.restarts, "faults/replayed_groups": st.replayed})
+        metrics.update({"faults/restarts": st.restarts, "faults/replayed_groups": st.replayed,
+                        "faults/env_error_episodes": st.env_error_episodes,
+                        "faults/env_error_groups": st.env_error_groups})
         self._playing(0)  # bring the busy time up to now
         step_s, busy = t5 - t0, st.rollout_busy_s - self._busy_counted
         window = t5 - self._window_start  # since the last step ended (a validation included)
@@ -409,15 +453,17 @@ class Controller:
         for temp in cfg.rollout.val_temperatures:
             groups = await self._play_validation(temp, [self.method.student_view()] * cfg.trainer.val_tasks, split)
             tag = "greedy" if temp == 0 else f"t{temp:g}"
+            self.outcomes.write(pre, step, tag, [g.episodes[0] for g in groups])
             m = rollout_metrics(groups, self.method.invalid_action_penalty)
             out.update({k.replace("rollout/", f"{pre}/{tag}/", 1): v for k, v in m.items()})
             if temp == cfg.rollout.val_temperatures[0]:
                 out[f"{pre}/success"] = m["rollout/success"]
-                first = groups
+                first, tag0 = groups, tag
         privileged = None
         views = [self.method.privileged_view(g.episodes[0]) for g in first]
         if any(v is not None for v in views):
             groups = await self._play_validation(cfg.rollout.val_temperatures[0], views, split, keep=first)
+            self.outcomes.write(f"{pre}/privileged", step, tag0, [g.episodes[0] for g in groups])
             privileged = rollout_metrics(groups, self.method.invalid_action_penalty)["rollout/success"]
             out[f"{pre}/privileged_success"] = privileged
             gap = out[f"{pre}/privilege_gap"] = privileged - out[f"{pre}/success"]
@@ -479,7 +525,26 @@ def teacher_metrics(groups: list[EpisodeGroup], self_teacher: bool) -> dict[str,
            "teacher/prompt_tokens": sum(g.teacher_prompt_tokens for g in groups) / max(len(scored), 1)}
     if scored and self_teacher:
         out["teacher/staleness"] = sum(r.teacher_version - r.policy_version for r in scored) / len(scored)
+    out.update(gap_statistics("teacher", [(r.teacher_logprobs, r.behaviour_logprobs) for r in scored]))
+    out.update(gap_statistics("noise", [(r.plain_teacher_logprobs, r.behaviour_logprobs) for r in scored
+                                        if r.plain_teacher_logprobs is not None]))
     return out
+
+
+def gap_statistics(prefix: str, pairs: list[tuple[list[float], list[float]]]) -> dict[str, float]:
+    """Per-token gap ``lpT - lp_behaviour`` over every token of ``pairs``: mean, std, mean |gap| and
+    the fraction below 0. With ``noise`` (the teacher on the student's own prompt) beside
+    ``teacher`` (on the privileged one), what the privileged context adds stands against what
+    two forwards of the same weights differ by anyway."""
+    gaps = [t - b for lpt, lpb in pairs for t, b in zip(lpt, lpb)]
+    if not gaps:
+        return {}
+    n = len(gaps)
+    mean = sum(gaps) / n
+    return {f"{prefix}/gap_mean": mean,
+            f"{prefix}/gap_std": (sum((g - mean) ** 2 for g in gaps) / max(n - 1, 1)) ** 0.5,
+            f"{prefix}/gap_abs_mean": sum(abs(g) for g in gaps) / n,
+            f"{prefix}/negative_gap_fraction": sum(g < 0 for g in gaps) / n}
 
 
 def rollout_metrics(groups: list[EpisodeGroup], invalid_penalty: float) -> dict[str, float]:

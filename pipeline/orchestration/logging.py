@@ -90,6 +90,26 @@ class EventLog:
             self._f.close()
 
 
+class OutcomeLog:
+    """``outcomes/<prefix>_step<N>_<tag>.jsonl`` in the run directory: one line per validation
+    task (task id, seed, won, reward, turns, error), so that a reader can recompute a success rate,
+    pair two methods task by task, or bootstrap over tasks. ``root=None``: keep nothing."""
+
+    def __init__(self, root: Path | None):
+        self.root = root
+
+    def write(self, prefix: str, step: int, tag: str, episodes: list) -> Path | None:
+        if self.root is None:
+            return None
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / f"{prefix.replace('/', '_')}_step{step:04d}_{tag}.jsonl"
+        with open(path, "w") as f:
+            for i, e in enumerate(episodes):
+                f.write(json.dumps({"task": i, "task_id": e.task_id, "seed": e.seed, "won": bool(e.won),
+                                    "reward": float(e.reward), "turns": len(e.turns), "error": e.error}) + "\n")
+        return path
+
+
 def make_logger(cfg, run_dir: Path, config_dict: dict, resume_id: str | None = None) -> MetricsLogger:
     """``cfg`` is a LoggerConfig."""
     sinks: list[NullSink] = []

@@ -204,7 +204,7 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
             micro_batch_tokens=cfg.scorer.micro_batch_tokens or cfg.learner.micro_batch_tokens,
             precision=cfg.scorer.precision, device="cuda" if cfg.scorer.num_gpus > 0 else "cpu",
             threads=n_threads)
-        scorer = TeacherScorer(actor, spec, prompts, timeout_s=cfg.scorer.timeout_s)
+        scorer = TeacherScorer(actor, spec, prompts, timeout_s=cfg.scorer.timeout_s, noise_floor=cfg.scorer.noise_floor)
         actors.append(actor)
     actors.append(placement)  # last: _kill removes the placement group after the actors
     try:
@@ -263,7 +263,7 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
 
     from pipeline.orchestration.checkpoint import Checkpointer, load_state, resolve_checkpoint
     from pipeline.orchestration.controller import Controller, ControllerState
-    from pipeline.orchestration.logging import EventLog, make_logger
+    from pipeline.orchestration.logging import EventLog, OutcomeLog, make_logger
     from pipeline.models import resolve_model
 
     set_process_env()
@@ -308,7 +308,7 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     controller = Controller(cfg, learner=learner, workers=workers, method=method, logger=logger,
                             checkpointer=Checkpointer(run_dir, cfg.trainer.keep_checkpoints, extra),
                             scorer=scorer, progress=progress, state=state, buffer_state=buffer_state,
-                            events=EventLog(run_dir / "events.jsonl"))
+                            events=EventLog(run_dir / "events.jsonl"), outcomes=OutcomeLog(run_dir / "outcomes"))
     if resume_state is not None:
         # Rollout workers (and a self-teacher) start from the initial weights: sync them first.
         asyncio.run(learner.publish(start_step, workers, scorer))

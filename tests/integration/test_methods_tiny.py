@@ -25,6 +25,21 @@ def test_method_trains_two_steps(ray_local, tmp_path, method):
         assert last["teacher/staleness"] == 0.0  # lag 0: the teacher holds the behaviour weights
         term = "skill_sd" if method == "skill_sd" else "sdar"
         assert f"{term}/loss" in last
+        # the noise floor: the same teacher on the student's own prompt, scored beside it
+        assert "noise/gap_abs_mean" in last and "teacher/gap_abs_mean" in last
+
+
+def test_the_controls_train_without_a_teacher(ray_local, tmp_path):
+    """The null baseline shifts every advantage; the equal-information baseline trains NLL on the
+    hinted expert's reply to each training task (the keyword env's answer block), outside the
+    policy term."""
+    null = run_training(compose(BASE + ["method=null_baseline", "trainer.total_steps=1"]), tmp_path / "null")[-1]
+    assert null["null_baseline/advantage_shift"] == pytest.approx(-0.1) and "teacher/seconds" not in null
+    imit = run_training(compose(BASE + ["method=hint_imitation", "trainer.total_steps=2"]), tmp_path / "imit")[-1]
+    # one demonstration per group (2 groups of 3 episodes + 1): its tokens join the batch
+    assert 0.0 < imit["imit/demo_token_fraction"] < 0.5
+    assert imit["imit/loss"] > 0.0 and "teacher/seconds" not in imit
+    assert imit["learner/loss"] == imit["learner/loss"]
 
 
 def test_adrs_scores_only_inside_its_schedule(ray_local, tmp_path):
@@ -111,6 +126,11 @@ def test_sdar_with_alfworld_hints_scores_every_row_and_logs_the_privilege_gap(ra
     last = run_training(cfg, tmp_path)[-1]
     assert last["teacher/rows_scored_frac"] == 1.0 and "sdar/loss" in last
     assert "val/privileged_success" in last and "val/privilege_gap" in last
+    # the noise floor: the same scorer on the student's own prompt, its gaps beside the teacher's
+    for prefix in ("teacher", "noise"):
+        assert 0.0 <= last[f"{prefix}/negative_gap_fraction"] <= 1.0 and last[f"{prefix}/gap_std"] >= 0.0
+    # same weights (lag 0), same prompt: only the two engines' numerics differ
+    assert last["noise/gap_abs_mean"] < 0.5
 
 
 def test_hint_distill_runs_its_hinted_teacher_in_the_learner_on_every_row(ray_local, tmp_path):

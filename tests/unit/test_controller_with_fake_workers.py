@@ -584,3 +584,113 @@ def test_rollout_metrics_give_each_criterion_pass_rate_over_the_episodes_judged_
     assert m["rollout/success"] == pytest.approx(1 / 3)
     assert not any(k.startswith("rollout/criteria/") for k in rollout_metrics([EpisodeGroup(
         task_id="u", seed=0, episodes=[Episode(task_id="u", env_name="keyword", seed=0)])], 0.1))
+
+
+class FlakyEnvWorker(FakeWorker):
+    """A FAKE worker whose env cuts episodes short: the first episode of every group, and every
+    episode of the first ``whole`` groups it plays (``Episode.error``, as RolloutWorker records a
+    reset/step exception or timeout)."""
+
+    def __init__(self, whole: int = 1):
+        super().__init__(0.0)
+        self.whole, self.played = whole, 0
+
+    async def run_group(self, **kw):
+        group = await super().run_group(**kw)
+        self.played += 1
+        for i, ep in enumerate(group.episodes):
+            if i == 0 or self.played <= self.whole:
+                ep.error, ep.reward, ep.turns[0].behaviour_logprobs = "step: TimeoutError", 0.0, [-9.0, -9.0]
+        return group
+
+
+def test_fake_env_errors_leave_statistics_and_batch_and_a_group_with_none_is_played_again():
+    cfg = make_cfg(lag=0, steps=3)
+    cfg.rollout.group_size = 3
+    learner, worker = FakeLearner(0.0), FlakyEnvWorker(whole=1)
+    batches = []
+    learner_step = learner.train_step
+
+    async def spy(minibatches):
+        batches.append(minibatches)
+        return await learner_step(minibatches)
+
+    learner.train_step = spy
+    ctl, history = run(cfg, [worker], learner)
+    for mbs in batches:  # every trained row was completed by its env: no -9 log-probs
+        assert all((mb.behaviour_logprobs[mb.response_mask > 0] > -5).all() for mb in mbs)
+        assert sum(mb.n_rows for mb in mbs) == 2 * 2  # 2 groups x the 2 episodes the env completed
+    assert ctl.state.env_error_groups == 1 and ctl.state.env_error_episodes == 3 + 6
+    assert history[-1]["faults/env_error_groups"] == 1
+    assert worker.played == 7  # 6 groups trained + the one played again
+    assert worker.seeds.count(task_seed(cfg.trainer.seed, 0)) == 2  # the task whose env failed whole, replayed
+
+
+def test_fake_an_env_that_fails_every_episode_stops_the_run_naming_the_error():
+    cfg = make_cfg(lag=0, steps=2)
+    with pytest.raises(RuntimeError, match="every episode of training task 0 ended in an env error.*TimeoutError"):
+        run(cfg, [FlakyEnvWorker(whole=100)], FakeLearner(0.0))
+
+
+def test_gap_statistics_of_the_teacher_and_its_noise_floor():
+    from pipeline.orchestration.controller import gap_statistics
+
+    got = gap_statistics("noise", [([-1.0, -2.0], [-1.5, -1.0]), ([0.0], [0.0])])  # gaps 0.5, -1.0, 0.0
+    assert got["noise/gap_mean"] == pytest.approx(-1 / 6)
+    assert got["noise/gap_abs_mean"] == pytest.approx(0.5)
+    assert got["noise/negative_gap_fraction"] == pytest.approx(1 / 3)
+    assert got["noise/gap_std"] == pytest.approx((((0.5 + 1 / 6) ** 2 + (-1 + 1 / 6) ** 2 + (1 / 6) ** 2) / 2) ** 0.5)
+    assert gap_statistics("teacher", []) == {}
+
+
+class ViewWorker(FakeWorker):
+    """A FAKE worker that records, per call, the split, the student view it was given and whether
+    demonstrations were asked for."""
+
+    def __init__(self):
+        super().__init__(0.0)
+        self.calls = []
+
+    async def run_group(self, *, split, view=None, demonstrate=False, **kw):
+        self.calls.append((split, view, demonstrate))
+        return await super().run_group(split=split, **kw)
+
+
+class FakeScorer:
+    """A FAKE teacher scorer (the loops' bookkeeping only): lpT = the behaviour log-probs."""
+
+    wants_weights = True
+
+    def __init__(self, method):
+        self.spec = method.teacher_spec()
+
+    async def score(self, groups, step, min_version=0):
+        for g in groups:
+            for r in g.rows():
+                r.teacher_logprobs, r.teacher_version = list(r.behaviour_logprobs), step
+        return groups, {"teacher/prompt_tokens_sum": 0.0}
+
+
+@pytest.mark.parametrize("name", ["sdar_hints", "hint_imitation"])
+def test_fake_training_and_plain_validation_get_the_students_view_only_the_privileged_replay_a_hint(name):
+    method = build_method({"name": name}, invalid_action_penalty=0.1, env_name="keyword")
+    cfg = make_cfg(lag=0, steps=2)
+    cfg.trainer.val_every, cfg.trainer.val_tasks, cfg.trainer.val_at_start = 1, 2, True
+    cfg.trainer.final_val_splits = ["test"]
+    cfg.rollout.val_temperatures = [0.0]
+    worker = ViewWorker()
+    scorer = FakeScorer(method) if method.teacher_spec() is not None else None
+    ctl = Controller(cfg, learner=FakeLearner(0.0), workers=[worker], method=method, logger=MetricsLogger([]),
+                     scorer=scorer)
+    asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
+    assert method.student_view() is None
+    train = [c for c in worker.calls if c[0] == "train"]
+    held_out = [c for c in worker.calls if c[0] != "train"]
+    assert len(train) == 4 and all(view is None for _, view, _ in train)
+    assert all(demo == (name == "hint_imitation") for _, _, demo in train)
+    assert not any(demo for _, _, demo in held_out)
+    plain = [c for c in held_out if c[1] is None]
+    privileged = [c for c in held_out if c[1] is not None]
+    assert len(plain) == 2 * (3 + 1)  # 2 tasks at steps 0, 1, 2 and the test split
+    # only a teacher's privileged validation replays the tasks with the hint, never in training
+    assert len(privileged) == (len(plain) if name == "sdar_hints" else 0)

@@ -1,66 +1,127 @@
-"""scripts/bench/learning.py's summary on hand-made runs: mean +- std over seeds, steps to reach
-GRPO's final success, diagnostics, the picture."""
+"""scripts/bench/learning.py and the stored results (pipeline/tools/results.py) on hand-made runs:
+the test split's intervals, the paired differences, the repeats, the result folder and its check."""
 from __future__ import annotations
 
-import csv
 import importlib.util
+import json
 from pathlib import Path
+
+import pytest
+
+from pipeline.tools import results
+from pipeline.tools.stats import mean_interval, paired_interval, task_bootstrap_interval
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("learning_bench", ROOT / "scripts" / "bench" / "learning.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
-
-def _rows(curve, gate=None):
-    rows = [{"step": s, "val/success": v, "rollout/success": v} for s, v in enumerate(curve)]
-    if gate is not None:
-        rows[-1]["sdar/gate_mean"] = gate
-        rows[-1]["sdar/negative_gap_fraction"] = 1 - gate
-    return rows
+T_975 = {1: 12.706204736, 2: 4.302652730}  # Student t quantiles (closed form for the intervals)
 
 
-def test_the_table_averages_seeds_and_finds_when_a_method_reaches_grpo(tmp_path):
-    points = [
-        {"method": "grpo", "seed": 0, "rows": _rows([0.1, 0.2, 0.3]), "seconds": 60},
-        {"method": "grpo", "seed": 1, "rows": _rows([0.1, 0.2, 0.5]), "seconds": 120},
-        {"method": "sdar_hints", "seed": 0, "rows": _rows([0.1, 0.5, 0.6], gate=0.4), "seconds": 60},
-        {"method": "sdar_hints", "seed": 1, "rows": _rows([0.1, 0.3, 0.6], gate=0.6), "seconds": 60},
-        {"method": "gigpo", "seed": 0, "error": "exit 1", "rows": []},
-    ]
-    table = bench.summarise(points, tmp_path)
-    by = {r["method"]: r for r in table}
-    assert table[0]["method"] == "sdar_hints"  # best final success first
-    assert by["grpo"]["final val/success"] == "0.400 ± 0.141"
-    assert by["sdar_hints"]["steps to grpo's final"] == "1"  # mean 0.4 at step 1 reaches grpo's 0.4
-    assert by["sdar_hints"]["paired final - grpo"] == "0.200 ± 0.141"  # 0.6-0.3 and 0.6-0.5, seed by seed
-    assert by["grpo"]["paired final - grpo"] == ""
-    assert by["sdar_hints"]["mean val/success after the start"] == "0.500 ± 0.071"  # (0.5+0.6)/2, (0.3+0.6)/2
-    assert by["sdar_hints"]["gate_mean"] == "0.500 ± 0.141"
-    assert by["sdar_hints"]["neg_gap_frac"] == "0.500 ± 0.141"  # the loss logs negative_gap_fraction
-    assert by["gigpo"]["seeds"] == 0 and by["gigpo"]["failed"] == 1
-    assert "test success (end)" not in by["grpo"]  # no run evaluated a final split
-    with open(tmp_path / "learning.csv") as f:
-        assert len(list(csv.DictReader(f))) == 3
-    assert (tmp_path / "learning.png").stat().st_size > 1000
-    assert "| sdar_hints |" in (tmp_path / "learning.md").read_text()
+def write_run(root: Path, name: str, curve: list[float], test_won: list[int], seconds: float = 60.0,
+              extra: dict | None = None) -> Path:
+    """A finished run's folder as scripts/train.py writes it (metrics, summary, per-task outcomes)."""
+    d = root / name
+    (d / "outcomes").mkdir(parents=True)
+    rows = [{"step": s, "val/success": v} for s, v in enumerate(curve)]
+    rows[-1]["final/test/success"] = sum(test_won) / len(test_won)
+    rows[-1].update(extra or {})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "summary.json").write_text(json.dumps({"seconds": seconds}))
+    step = len(curve) - 1
+    for tag, won in (("t1", test_won), ("greedy", [1 - w for w in test_won])):  # the second temperature differs
+        lines = [{"task": i, "task_id": f"k-{i}", "seed": i, "won": bool(w), "reward": float(w), "turns": 1,
+                  "error": ""} for i, w in enumerate(won)]
+        (d / "outcomes" / f"final_test_step{step:04d}_{tag}.jsonl").write_text(
+            "".join(json.dumps(x) + "\n" for x in lines))
+    return d
 
 
-def test_a_final_split_gets_its_own_column(tmp_path):
-    points = []
-    for seed, end in ((0, 0.5), (1, 0.7)):
-        rows = _rows([0.1, 0.3])
-        rows[-1]["final/test/success"] = end
-        points.append({"method": "grpo", "seed": seed, "rows": rows, "seconds": 60})
-    [row] = bench.summarise(points, tmp_path)
-    assert row["test success (end)"] == "0.600 ± 0.141"
+def make_runs(root: Path) -> Path:
+    runs = root / "runs"
+    write_run(runs, "start_s0", [0.2], [1, 0, 0, 0])
+    write_run(runs, "grpo_s0", [0.2, 0.4], [1, 1, 0, 0])
+    write_run(runs, "grpo_s1", [0.2, 0.6], [1, 1, 1, 0])
+    write_run(runs, "grpo_s0_r2", [0.2, 0.5], [1, 0, 0, 0])
+    write_run(runs, "hint_distill_s0", [0.2, 0.8], [1, 1, 1, 0],
+              extra={"teacher/gap_abs_mean": 0.5, "noise/gap_abs_mean": 0.1, "sd/kl": 0.02})
+    write_run(runs, "hint_distill_s1", [0.2, 0.9], [1, 1, 1, 1],
+              extra={"teacher/gap_abs_mean": 0.7, "noise/gap_abs_mean": 0.1, "sd/kl": 0.04})
+    return root
+
+
+def test_the_intervals_are_the_t_intervals_of_their_closed_form():
+    m = mean_interval([1.0, 2.0, 3.0])
+    half = T_975[2] * 1.0 / 3 ** 0.5
+    assert (m.mean, m.low, m.high) == pytest.approx((2.0, 2.0 - half, 2.0 + half))
+    d = paired_interval([0.5, 0.75], [0.5, 0.5])  # differences 0 and 0.25: mean 0.125, sd 0.177
+    half = T_975[1] * (0.25 / 2 ** 0.5) / 2 ** 0.5
+    assert (d.mean, d.low, d.high) == pytest.approx((0.125, 0.125 - half, 0.125 + half))
+    assert not d.excludes_zero() and 0.0 < d.p_value < 1.0
+    assert mean_interval([0.5]).text() == "0.500 (n=1)"
+    same = paired_interval([0.6, 0.7], [0.5, 0.6])
+    assert (same.low, same.high) == pytest.approx((0.1, 0.1)) and same.excludes_zero()
+
+
+def test_the_task_bootstrap_brackets_the_mean_and_is_reproducible():
+    a = [[1, 1, 0, 1, 0, 1, 1, 0], [1, 0, 1, 1, 1, 1, 0, 1]]
+    b = [[0, 1, 0, 0, 0, 1, 0, 0], [1, 0, 0, 1, 0, 0, 0, 1]]
+    ci = task_bootstrap_interval(a, b)
+    assert ci.mean == pytest.approx(6 / 16) and ci.low < ci.mean < ci.high
+    assert task_bootstrap_interval(a, b) == ci
+    with pytest.raises(ValueError, match="one shape"):
+        task_bootstrap_interval(a, b[:1])
+
+
+def test_the_table_reads_the_test_split_pairs_seeds_and_keeps_repeats_apart(tmp_path):
+    folder = make_runs(tmp_path)
+    tables = results.learning_tables(results.load_runs(folder))
+    by = {r["method"]: r for r in tables["table"]}
+    assert [r["method"] for r in tables["table"]] == ["start", "grpo", "hint_distill"]
+    # grpo's first runs only (0.5, 0.75), not the repeat of seed 0
+    half = T_975[1] * (0.25 / 2 ** 0.5) / 2 ** 0.5
+    assert by["grpo"]["test success"] == f"0.625 [{0.625 - half:.3f}, {0.625 + half:.3f}]"
+    assert by["grpo"]["runs"] == "2" and by["start"]["test success"] == "0.250 (n=1)"
+    # hint_distill - grpo: 0.75 - 0.5 and 1.0 - 0.75: both +0.25, a zero-width interval
+    assert by["hint_distill"]["test - grpo"].startswith("0.250 [0.250, 0.250]")
+    assert by["hint_distill"]["seeds +/=/- grpo"] == "2/0/0"
+    assert by["hint_distill"]["test - start"].startswith("0.625 [")  # 0.75 - 0.25, 1.0 - 0.25
+    assert by["hint_distill"]["test - grpo, by task"]  # the per-task outcomes were found
+    assert by["hint_distill"]["teacher |gap|"] == "0.600" and by["hint_distill"]["noise |gap|"] == "0.100"
+    assert by["hint_distill"]["distill KL"] == "0.0300"
+    assert by["grpo"]["valid: start -> end"] == "0.200 -> 0.500"
+    [rep] = tables["repeats"]
+    assert rep["method"] == "grpo" and rep["test, run 1"] == "0.500" and rep["test, run 2"] == "0.250"
+    assert rep["same-seed difference"] == "0.250" and rep["std over seeds"] == "0.177"
+
+
+def test_a_result_folder_and_the_docs_blocks_are_checked_against_their_runs(tmp_path):
+    root = tmp_path / "repo"
+    folder = make_runs(root / "docs" / "results" / "toy")
+    results.write_meta(folder, ROOT, kind="learning", command="python x", baseline="grpo", split="test")
+    results.rebuild_folder(folder)
+    (root / "README.md").write_text("intro\n<!-- results: toy/table -->\nstale\n<!-- /results -->\nend\n")
+    assert any("block toy/table differs" in p for p in results.check(root))
+    (root / "README.md").write_text(results.rewrite_blocks((root / "README.md").read_text(), root / "docs" / "results"))
+    assert results.check(root) == []
+    assert (folder / "table.md").read_text() in (root / "README.md").read_text()
+    # a run's data changed after the table was made: the check names the stale table
+    metrics = folder / "runs" / "grpo_s1" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().replace('"final/test/success": 0.75', '"final/test/success": 0.5'))
+    problems = results.check(root)
+    assert any("table.json: does not follow" in p for p in problems)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["machine"]["cpu_kind"] in ("avx512_bf16", "AVX-512 without bf16", "AVX2 only", "unknown")
+    assert len(meta["commit"]) == 40
 
 
 def test_a_finished_point_loses_its_checkpoints_unless_kept_with_a_fake_train_process(tmp_path, monkeypatch):
-    """run_point around a stand-in for scripts/train.py (a function writing what a run writes)."""
-    import json
+    """run_point around a FAKE scripts/train.py (a function writing what a run writes)."""
+    calls = []
 
     def fake_run(cmd, cwd):
+        calls.append(cmd)
         run_dir = Path(next(a for a in cmd if a.startswith("trainer.run_dir=")).split("=", 1)[1])
         (run_dir / "checkpoints" / "step_2").mkdir(parents=True)
         (run_dir / "checkpoints" / "step_2" / "model.safetensors").write_bytes(b"0" * 1024)
@@ -70,29 +131,14 @@ def test_a_finished_point_loses_its_checkpoints_unless_kept_with_a_fake_train_pr
         return type("Done", (), {"returncode": 0})()
 
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
-    p = bench.run_point(tmp_path, "grpo", 0, [])
-    assert p["rows"] == [{"step": 0, "val/success": 0.5}] and p["seconds"] == 3.0
+    d = bench.run_point(tmp_path, "grpo", 0, [])
+    assert d == tmp_path / "grpo_s0" and results.load_run(d).seconds == 3.0
     assert not (tmp_path / "grpo_s0" / "checkpoints").exists()
     assert not (tmp_path / "grpo_s0" / "phase1_teacher" / "checkpoints").exists()
     assert (tmp_path / "grpo_s0" / "phase1_teacher").is_dir()  # its metrics stay
-    bench.run_point(tmp_path, "grpo", 1, [], keep_checkpoints=True)
-    assert (tmp_path / "grpo_s1" / "checkpoints" / "step_2" / "model.safetensors").exists()
-    assert (tmp_path / "grpo_s1" / "phase1_teacher" / "checkpoints" / "step_1").is_dir()
-
-
-def test_every_preset_point_is_a_valid_config():
-    """Each method of each preset, with its method overrides, passes the launch checks."""
-    import pytest
-
-    from pipeline.orchestration.run import check_launch
-    from pipeline.tools.cli import compose
-
-    for name, preset in bench.PRESETS.items():
-        for m in preset["methods"]:
-            extra = preset.get("method_overrides", {}).get(m, [])
-            try:
-                cfg = compose([f"method={m}", *preset["overrides"], *extra])
-                check_launch(cfg)
-            except Exception as err:  # noqa: BLE001 - name the point that fails
-                pytest.fail(f"preset {name}, method {m}: {err}")
-            assert cfg.method["name"] == m
+    bench.run_point(tmp_path, "grpo", 1, [], keep_checkpoints=True, repeat=2)
+    assert (tmp_path / "grpo_s1_r2" / "checkpoints" / "step_2" / "model.safetensors").exists()
+    bench.run_point(tmp_path, "start", 0, ["+experiment=x", "trainer.total_steps=8"])
+    start = calls[-1]
+    assert "trainer.total_steps=8" not in start and start[-2:] == ["trainer.total_steps=0", "trainer.val_at_start=true"]
+    assert not any(a.startswith("method=") for a in start)

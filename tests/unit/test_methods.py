@@ -20,7 +20,8 @@ CONF = Path(__file__).resolve().parents[2] / "conf" / "method"
 PAPERS = ["grpo", "gigpo", "skill_grpo", "sdar", "opsd", "grpo_opsd", "skill_sd", "retire_opd", "adrs",
           "targeted_guidance"]
 COMBINATIONS = ["gated_retire_opd", "retiring_targeted_guidance", "sdar_hints", "hint_distill"]  # YAML only, no paper
-ALL = PAPERS + COMBINATIONS
+CONTROLS = ["null_baseline", "hint_imitation"]  # the method comparison's controls (docs/methods.md)
+ALL = PAPERS + COMBINATIONS + CONTROLS
 
 
 def _sig(x: float) -> float:

@@ -8,7 +8,7 @@
 | ``context`` | ``none``, ``skills``, ``feedback`` | the privileged context (``pipeline.context.providers``) |
 | ``student`` | ``plain``, ``context`` | whether the student's own prompts carry the context too |
 | ``select`` | ``all``, ``failed_turns`` | which rows (and tokens) the teacher signal touches |
-| ``signal`` | ``none``, ``aux``, ``shaping`` | how the teacher enters: an aux loss (estimator, gate) or shaped advantages (ADRS TVA) |
+| ``signal`` | ``none``, ``aux``, ``shaping``, ``null``, ``imitate`` | how the teacher enters: an aux loss (estimator, gate) or shaped advantages (ADRS TVA); the controls without a teacher: a fixed negative advantage (null baseline), NLL on the hinted expert's demonstrations (equal information) |
 | ``schedule`` | ``constant``, ``window``, ``retirement`` | when the teacher signal is on, and at what scale |
 
 Each part is a small class with an ``Options`` dataclass (defaults and a ``validate``) registered

@@ -22,6 +22,8 @@ class Setting:
 class Part:
     slot: ClassVar[str] = ""
     kind: ClassVar[str] = ""
+    # A signal that trains on the hinted expert's episodes (the rollout workers play them too).
+    demonstrations: ClassVar[bool] = False
 
     @dataclasses.dataclass
     class Options:

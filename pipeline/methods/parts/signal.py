@@ -15,6 +15,18 @@
   from the current log-probs; ``beta = 0`` is the constant 0.5 of grpo_opsd); ``weight: none``
   makes ``w = 1``. ``pg_coef`` scales the policy loss (OPSD: 0). With ``select: failed_turns``
   the term carries a ``distill_mask``; a step with no selected token carries no term.
+- ``null`` (a control, no teacher): the null baseline of "Does OPD Really Distill?" (arXiv
+  2608.31046): in place of a teacher's per-token signal, a fixed negative advantage
+  ``-lam * scale * gap`` on every sampled token, i.e. ``A_t = A_row - lam * gap``. Whatever a
+  teacher method gains over GRPO that this also gains is not the teacher's information.
+- ``imitate`` (a control, no teacher): the equal-information baseline. Each training group also
+  gets the env's hinted expert's episode on the same task (``TextEnv.hinted_expert_response``: the
+  expert told what a hints teacher is told), under the student's own prompts, without the hint;
+  its rows join the batch as demonstrations (``EpisodeGroup.demonstrations``: outside the group's
+  statistics and the policy term) and the step adds ``lam * scale * NLL`` per demonstration token
+  (``AuxTerm(kind="nll")`` over a ``distill_mask`` of those rows, its coefficient rescaled so that
+  the term is the mean over demonstration tokens, not over every token of the batch). So "distil
+  from a teacher told the answer" can be set beside "be shown the answer".
 - ``shaping`` (ADRS): per-token advantages ``A_t = A_row + clip(eta * scale * Z_t, -c_g, c_g)``
   from centred teacher scores and the TVA gate (``pipeline.algorithm.advantages.adrs_advantages``);
   ``level: L2`` on a ``grpo`` advantage (unit = row), ``L3`` on ``gigpo`` (unit = anchor step).
@@ -100,6 +112,62 @@ class AuxLoss(Part):
         credit.aux_terms = [term]
 
 
+@part
+class NullAdvantage(Part):
+    slot, kind = "signal", "null"
+    learner_side = False
+
+    @dataclasses.dataclass
+    class Options:
+        lam: float = 0.1  # as the compared teacher method's lam
+        gap: float = 1.0  # the fixed per-token "teacher gap" it stands for (> 0: a negative advantage)
+
+        def validate(self, method: str) -> None:
+            check_types(self, method)
+            require(self.lam >= 0.0, f"method={method}: method.lam={self.lam} must be >= 0")
+            require(math.isfinite(self.gap) and self.gap > 0.0, f"method={method}: method.gap={self.gap} must be > 0")
+
+    def coef(self) -> float:
+        return self.opts.lam
+
+    def apply(self, job) -> None:
+        shift = self.opts.lam * self.opts.gap * job.scale
+        job.credit.metrics[f"{self.setting.prefix}/advantage_shift"] = -shift
+        if shift > 0.0:
+            job.credit.advantages = [[a - shift for a in row] for row in job.credit.advantages]
+
+
+@part
+class Imitate(Part):
+    slot, kind = "signal", "imitate"
+    learner_side = False
+    demonstrations = True  # the controller asks the rollout workers for the hinted expert's episode
+
+    @dataclasses.dataclass
+    class Options:
+        lam: float = 0.1  # coefficient of the per-token NLL of the demonstrations, >= 0
+
+        def validate(self, method: str) -> None:
+            check_types(self, method)
+            require(self.lam >= 0.0, f"method={method}: method.lam={self.lam} must be >= 0")
+
+    def coef(self) -> float:
+        return self.opts.lam
+
+    def apply(self, job) -> None:
+        credit = job.credit
+        policy = credit.aux.get("policy_mask") or []  # the learner's rows: 1 = the policy's, 0 = demonstrations
+        mask = [[1.0 - x for x in row] for row in policy]
+        n_demo, n_all = sum(map(sum, mask)), sum(map(len, mask))
+        credit.metrics[f"{self.setting.prefix}/demo_token_fraction"] = n_demo / max(n_all, 1)
+        if job.scale <= 0.0 or n_demo == 0:
+            return
+        credit.aux["distill_mask"] = mask
+        # the nll term is a token sum over the batch's tokens: rescaled, it is lam x the mean NLL
+        # per demonstration token (exact at learner.mini_batches=1; per step otherwise)
+        credit.aux_terms = [AuxTerm(name=self.setting.prefix, kind="nll", coef=self.opts.lam * job.scale * n_all / n_demo)]
+
+
 LEVELS = ("L2", "L3")
 TVA_APPLY = ("paper", "after_whitening")
 STD_MODES = ("per_seq", "global")
@@ -165,7 +233,7 @@ def check_signal(signal: Part, advantage: Part, teacher: Part, method: str) -> N
     if signal.kind == "aux" and signal.opts.estimator == "full_kl":
         require(teacher.kind == "self", f"method={method}: estimator full_kl runs the teacher in the learner with "
                 "the current weights: it needs parts.teacher=self")
-    if signal.kind != "none":
+    if signal.kind not in ("none", "null", "imitate"):  # the two controls have no teacher
         require(teacher.kind != "none", f"method={method}: signal {signal.kind} needs a teacher "
                 "(parts.teacher=self or frozen)")
 
