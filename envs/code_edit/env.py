@@ -21,38 +21,38 @@ correct under any ChatML template, SmolLM2's included) or ``role: "tool"`` messa
 A real episode (``split="train"``, seed 5; the scripted expert of ``tasks.expert_responses`` with
 one slip inserted: an edit whose ``old`` text lost its indentation)::
 
-    user: Task: Add a parameter `key` with the default value `None` to the function `dedupe` in
-          `itemutil.py`, and use it: when `key` is given, two items are duplicates if `key(item)`
-          is equal. Calls that do not pass `key` must behave exactly as before. Do not modify the
-          files under `tests/`. ... a Markdown table with the columns `file` and `change`.
+    user: Task: Add a parameter `char` with the default value `"*"` to the function `mask` in
+          `wordtools.py`, and use it: `char` replaces '*' as the masking character. Calls that do
+          not pass `char` must behave exactly as before. Do not modify the files under `tests/`.
+          ... a Markdown table with the columns `file` and `change`.
 
           Repository files:
-          calc.py
-          display.py
+          frontend.py
           itemutil.py
           tests/test_travel.py
+          wordtools.py
     assistant: I will read the file first.
           <tool_call>
-          {"name": "view_file", "arguments": {"path": "itemutil.py"}}
+          {"name": "view_file", "arguments": {"path": "wordtools.py"}}
           </tool_call>
-    tool: File itemutil.py:  (the module: flatten, dedupe, top_n)
-    assistant: <tool_call> {"name": "replace_in_file", "arguments": {"path": "itemutil.py",
-          "old": "def dedupe(items):\n\"\"\"Return the items ...\nseen = set()\n...", "new": ...}} </tool_call>
-    tool: Error: `old` was not found in itemutil.py. Copy it exactly from view_file, indentation
+    tool: File wordtools.py:  (the module: initials, count_vowels, mask)
+    assistant: <tool_call> {"name": "replace_in_file", "arguments": {"path": "wordtools.py",
+          "old": "def mask(text, keep):\n\"\"\"Return `text` ...\nhidden = ...", "new": ...}} </tool_call>
+    tool: Error: `old` was not found in wordtools.py. Copy it exactly from view_file, indentation
           included.                                                   (action_valid=False)
-    assistant: <tool_call> {"name": "replace_in_file", "arguments": {"path": "itemutil.py",
-          "old": "def dedupe(items):\n    \"\"\"Return ...", "new": "def dedupe(items, key=None):\n ...
-          marker = item if key is None else key(item)\n ..."}} </tool_call>
-    tool: Replaced 1 occurrence in itemutil.py (10 line(s) -> 11 line(s)).
+    assistant: <tool_call> {"name": "replace_in_file", "arguments": {"path": "wordtools.py",
+          "old": "def mask(text, keep):\n    \"\"\"Return ...", "new": "def mask(text, keep, char=\"*\"):\n ...
+          return char * hidden + text[hidden:]\n"}} </tool_call>
+    tool: Replaced 1 occurrence in wordtools.py (5 line(s) -> 5 line(s)).
     assistant: <tool_call> {"name": "run_tests", "arguments": {}} </tool_call>
-    tool: Test results: 12 passed, 0 failed
+    tool: Test results: 14 passed, 0 failed
     assistant: <tool_call> {"name": "finish", "arguments": {"message": "Done.\n\n| file | change |\n
-          |---|---|\n| itemutil.py | added `key` to `dedupe` |"}} </tool_call>
+          |---|---|\n| wordtools.py | added `char` to `mask` |"}} </tool_call>
     tool: Episode finished.
-    -> reward 3.25 (1.0 + 0.5 + 3 x 0.25 + success 1.0), won True, final judgment 16 passed
-       (12 visible + 4 hidden); all five criteria passed.
+    -> reward 3.25 (1.0 + 0.5 + 3 x 0.25 + success 1.0), won True, final judgment 18 passed
+       (14 visible + 4 hidden); all five criteria passed.
 
-Rendered with SmolLM2's chat template at turn 4 (``history_length=2``) the prompt is 1,220 tokens,
+Rendered with SmolLM2's chat template at turn 4 (``history_length=2``) the prompt is 1,159 tokens,
 about 700 of them the system message: give ``rollout.max_prompt_tokens`` at least 2048.
 ``docs/envs_code_edit.md`` has the full transcript.
 """
@@ -69,7 +69,7 @@ import envs.code_edit.rubric as rubric
 import envs.code_edit.sandbox as sandbox
 import envs.code_edit.tools as tools
 from envs.code_edit.tools import format_tool_call
-from envs.code_edit.tasks import FAMILIES, Task, edit_call, finish_call, generate_task, view_call
+from envs.code_edit.tasks import FAMILIES, SPLITS, Task, edit_call, finish_call, generate_task, view_call
 from pipeline.core.types import Message
 
 TOOL_ROLES = ("user", "tool")
@@ -150,6 +150,8 @@ class CodeEditEnv(TextEnv):
     success_reward = 1.0  # added when every criterion passes
 
     def __init__(self, opts: CodeEditOptions, split: str):
+        if split not in SPLITS:  # at construction, so a launch's split check catches it (tasks.SPLIT_PAIRS)
+            raise ValueError(f"code_edit: unknown split {split!r}; choose one of {list(SPLITS)}")
         self.opts = opts
         self.split = split
         self.max_turns = opts.max_turns

@@ -1,10 +1,11 @@
 """Generated mini-repositories with an editing task, deterministic by (split, seed).
 
 A repository holds one to three helper modules (text, math, list helpers: one to three functions
-each, drawn from ``SPECS``), a front-end module whose ``show_*`` wrappers call some of them, and
-one visible test file ``tests/test_<project>.py`` (one ``test_*`` function per case). Every task
-also carries hidden tests (run only by the final judgment, never placed in the repo) and a
-reference solution: a list of exact ``replace_in_file`` edits that the scripted expert replays.
+each, drawn from the 27 ``SPECS`` of ``specs.py``), a front-end module whose ``show_*`` wrappers
+call some of them, and one visible test file ``tests/test_<project>.py`` (one ``test_*`` function
+per case). Every task also carries hidden tests (run only by the final judgment, never placed in
+the repo) and a reference solution: a list of exact ``replace_in_file`` edits that the scripted
+expert replays; each applies exactly once and leaves no second match behind.
 
 Task families (``FAMILIES``):
 
@@ -23,25 +24,40 @@ Expected values in the tests are computed by running the reference functions at 
 so tests and reference can never disagree. ``random.Random(f"code_edit/{split}/{seed}")`` drives
 every choice, so the same (split, seed) always yields byte-identical files.
 
+Splits (``SPLITS``: ``train``, ``valid``, ``test``; any other name raises ``ValueError``): a task's
+reference edit is fixed by its (family, target spec) pair, so each pair belongs to exactly one
+split (``SPLIT_PAIRS``, built at import by ``_assign_splits``) and ``generate_task`` draws the
+target only among its split's pairs of the family. Per family, the eligible specs (all 27 of
+``specs.SPECS``; for ``add_param`` the 21 with a parameter) are sorted within each kind by
+``sha256(f"{family}/{key}")`` and dealt round-robin over the three kinds; the first
+``n = max(3, round(0.15 * eligible))`` go to ``test``, the next ``n`` to ``valid``, the rest to
+``train``: test 4 / valid 4 / train 19 pairs for ``fix_bug``, ``rename`` and ``implement``, and
+3 / 3 / 15 for ``add_param`` (every kind in valid and in test), 102 pairs in all. Only the target
+carries the answer: the other helper functions of a repository, and the project, module and
+front-end names, are drawn from everything, whatever the split. So what is held out is the edit,
+not the function: a held-out target's correct source can sit, unchanged, as a helper in a train
+repository (and a held-out ``fix_bug`` target may be a train ``rename`` target).
+
 A real task (``generate_task(2, "train")``)::
 
-    Task: Rename the function `is_palindrome` in `strutil.py` to `reads_same_backwards` and update
-    every place that uses it. The tests already use the new name. Do not modify the files under
-    `tests/`. Work with the tools, run the tests, and when you are done call `finish` with a
-    message that summarises your changes as a Markdown table with the columns `file` and `change`.
+    Task: Rename the function `truncate` in `strutil.py` to `shorten` and update every place that
+    uses it. The tests already use the new name. Do not modify the files under `tests/`. Work with
+    the tools, run the tests, and when you are done call `finish` with a message that summarises
+    your changes as a Markdown table with the columns `file` and `change`.
     files: strutil.py, app.py, tests/test_travel.py
-    reference: strutil.py  "def is_palindrome("                 -> "def reads_same_backwards("
-               app.py      "from strutil import is_palindrome\n" -> "from strutil import reads_same_backwards\n"
-               app.py      "repr(is_palindrome(*args))"        -> "repr(reads_same_backwards(*args))"
-    hidden tests: reads_same_backwards('No lemon, no melon') is True, and
-                  `not hasattr(strutil, "is_palindrome")`
+    reference: strutil.py  "def truncate("                 -> "def shorten("
+               app.py      "from strutil import truncate\n" -> "from strutil import shorten\n"
+               app.py      "repr(truncate(*args))"        -> "repr(shorten(*args))"
+    hidden tests: shorten('hello world', 8) == 'hello...', and
+                  `not hasattr(strutil, "truncate")`
 """
 from __future__ import annotations
 
+import hashlib
 import random
-import textwrap
 from dataclasses import dataclass, field
 
+from envs.code_edit.specs import SPEC_BY_KEY, SPECS, FunctionSpec, ParamSpec  # noqa: F401 - re-exported
 from envs.code_edit.tools import format_tool_call
 
 FAMILIES = ("fix_bug", "add_param", "rename", "implement")
@@ -51,244 +67,56 @@ MODULE_NAMES = {"text": ("textkit", "wordtools", "strutil"), "math": ("mathkit",
 FRONTEND_NAMES = ("app", "report", "frontend", "display")
 PROJECTS = ("ledger", "notes", "shop", "garden", "library", "weather", "recipes", "fitness", "travel", "music")
 MODULE_DOCS = {"text": "Text helpers", "math": "Number helpers", "list": "List helpers"}
+SPLITS = ("train", "valid", "test")
+HELD_OUT_SHARE = 0.15  # of each family's pairs, for valid and for test each
+MIN_HELD_OUT = 3  # pairs per family in valid and in test, at least
 
 
-@dataclass(frozen=True)
-class ParamSpec:
-    """A parameter to add: ``name=default`` and the body that uses it."""
-
-    name: str
-    default: str  # Python source of the default value
-    body: str  # new function body (4-space indented)
-    cases: tuple[str, ...]  # argument lists (source) that pass the new parameter
-    describe: str  # how the body must use it (goes into the instruction)
+# ----- splits: each (family, target spec) pair belongs to exactly one split ---------------------------
+def eligible_specs(family: str) -> tuple[FunctionSpec, ...]:
+    """The specs that can be the target of ``family``: every one, or for add_param those with a parameter."""
+    return tuple(s for s in SPECS if family != "add_param" or s.param is not None)
 
 
-@dataclass(frozen=True)
-class FunctionSpec:
-    """One small pure function, with a bug, an alternative name and (optionally) a parameter to add."""
-
-    key: str
-    kind: str  # text | math | list
-    name: str
-    alt_name: str  # the rename target
-    label: str  # the front end's wrapper is show_<label>
-    params: str
-    doc: str
-    body: str  # 4-space indented, ends with a newline
-    bug: tuple[str, str]  # (correct snippet, buggy snippet) of the body
-    cases: tuple[str, ...]  # argument lists (source); the last one is kept for hidden tests
-    param: ParamSpec | None = None
-
-    def source(self, name: str | None = None, *, body: str | None = None, params: str | None = None) -> str:
-        return (f"def {name or self.name}({params or self.params}):\n"
-                f'    """{self.doc}"""\n{body if body is not None else self.body}')
-
-    def stub(self) -> str:
-        return self.source(body="    raise NotImplementedError\n")
-
-    def buggy(self) -> str:
-        good, bad = self.bug
-        assert self.body.count(good) == 1, self.key
-        return self.source(body=self.body.replace(good, bad))
-
-    def with_param(self) -> str:
-        assert self.param is not None
-        return self.source(body=self.param.body, params=f"{self.params}, {self.param.name}={self.param.default}")
+def _rank(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _b(text: str) -> str:
-    return textwrap.indent(textwrap.dedent(text).strip("\n") + "\n", "    ")
+def _assign_splits() -> dict[str, dict[str, tuple[str, ...]]]:
+    """split -> family -> the keys of the target specs of that split (in ``SPECS`` order).
+
+    Per family: the eligible spec keys of each kind sorted by ``sha256(f"{family}/{key}")``, the
+    kinds ordered by ``sha256(f"{family}/kind:{kind}")``, then dealt round-robin across the kinds
+    (first of each kind, second of each kind, ...); the first ``n`` of that order go to ``test``,
+    the next ``n`` to ``valid``, the rest to ``train``, with
+    ``n = max(MIN_HELD_OUT, round(HELD_OUT_SHARE * eligible))``. So valid and test hold every kind.
+    """
+    pairs: dict[str, dict[str, tuple[str, ...]]] = {split: {} for split in SPLITS}
+    for family in FAMILIES:
+        specs = eligible_specs(family)
+        by_kind = {kind: sorted((s.key for s in specs if s.kind == kind), key=lambda k: _rank(f"{family}/{k}"))
+                   for kind in KINDS}
+        kinds = sorted(KINDS, key=lambda kind: _rank(f"{family}/kind:{kind}"))
+        order: list[str] = []
+        for i in range(max(len(keys) for keys in by_kind.values())):
+            order += [by_kind[kind][i] for kind in kinds if i < len(by_kind[kind])]
+        n = max(MIN_HELD_OUT, round(HELD_OUT_SHARE * len(order)))
+        assert len(order) >= 3 * n, (family, len(order))
+        chosen = {"test": set(order[:n]), "valid": set(order[n:2 * n]), "train": set(order[2 * n:])}
+        for split, keys in chosen.items():
+            pairs[split][family] = tuple(s.key for s in specs if s.key in keys)
+    return pairs
 
 
-SPECS: tuple[FunctionSpec, ...] = (
-    FunctionSpec(
-        key="count_words", kind="text", name="count_words", alt_name="word_count", label="words",
-        params="text", doc="Return the number of whitespace-separated words in `text`.",
-        body=_b("return len(text.split())"), bug=("text.split()", 'text.split(" ")'),
-        cases=("'a b  c'", "''", "'one'", "'  lead and trail '"),
-        param=ParamSpec("min_length", "1", _b("return len([word for word in text.split() if len(word) >= min_length])"),
-                        ("'a bb ccc', min_length=2", "'a bb ccc', min_length=4"),
-                        "only words with at least `min_length` characters are counted")),
-    FunctionSpec(
-        key="is_palindrome", kind="text", name="is_palindrome", alt_name="reads_same_backwards",
-        label="palindrome", params="text",
-        doc="Return True if `text` reads the same backwards, ignoring case and any character that is "
-            "not a letter or digit.",
-        body=_b("""
-            letters = [c.lower() for c in text if c.isalnum()]
-            return letters == letters[::-1]"""),
-        bug=("[c.lower() for c", "[c for c"),
-        cases=("'Racecar'", "'A man, a plan, a canal: Panama'", "'abc'", "'No lemon, no melon'"),
-        param=ParamSpec("ignore_case", "True", _b("""
-            letters = [c.lower() if ignore_case else c for c in text if c.isalnum()]
-            return letters == letters[::-1]"""),
-                        ("'Racecar', ignore_case=False", "'abba', ignore_case=False"),
-                        "when `ignore_case` is false, upper- and lower-case letters count as different")),
-    FunctionSpec(
-        key="title_case", kind="text", name="title_case", alt_name="capitalize_words", label="title",
-        params="text",
-        doc="Return `text` with every word capitalised (first letter upper-case, the rest lower-case), "
-            "words separated by single spaces.",
-        body=_b('return " ".join(word[:1].upper() + word[1:].lower() for word in text.split())'),
-        bug=("word[1:].lower()", "word[1:]"),
-        cases=("'hELLO wORLD'", "'hello world'", "''", "'pYTHON'"),
-        param=ParamSpec("sep", '" "',
-                        _b("return sep.join(word[:1].upper() + word[1:].lower() for word in text.split())"),
-                        ("'big red dog', sep='-'", "'x y', sep=''"), "the words are joined with `sep`")),
-    FunctionSpec(
-        key="truncate", kind="text", name="truncate", alt_name="shorten", label="short", params="text, limit",
-        doc="Return `text` unchanged if it has at most `limit` characters, else its first `limit - 3` "
-            "characters followed by '...'.",
-        body=_b("""
-            if len(text) <= limit:
-                return text
-            return text[:limit - 3] + "..."
-            """),
-        bug=("len(text) <= limit", "len(text) < limit"),
-        cases=("'abcde', 5", "'abcdefgh', 6", "'hi', 10", "'hello world', 8"),
-        param=ParamSpec("ellipsis", '"..."', _b("""
-            if len(text) <= limit:
-                return text
-            return text[:limit - len(ellipsis)] + ellipsis
-            """), ("'abcdefgh', 6, ellipsis='~'", "'abcdefgh', 5, ellipsis=''"),
-            "`ellipsis` replaces the '...' marker and the result still has at most `limit` characters")),
-    FunctionSpec(
-        key="initials", kind="text", name="initials", alt_name="name_initials", label="initials", params="name",
-        doc="Return the upper-case first letters of the words of `name`, e.g. 'ada lovelace' -> 'AL'.",
-        body=_b('return "".join(part[0].upper() for part in name.split())'),
-        bug=("name.split()", 'name.split(" ")'),
-        cases=("'Grace  Brewster Hopper'", "'ada lovelace'", "''", "' alan turing'"),
-        param=ParamSpec("sep", '""', _b("return sep.join(part[0].upper() for part in name.split())"),
-                        ("'ada lovelace', sep='.'", "'alan mathison turing', sep=' '"),
-                        "the initials are joined with `sep`")),
-    FunctionSpec(
-        key="clamp", kind="math", name="clamp", alt_name="bound", label="clamped", params="value, low, high",
-        doc="Return `value` limited to the range [`low`, `high`].",
-        body=_b("return max(low, min(value, high))"),
-        bug=("max(low, min(value, high))", "min(low, max(value, high))"),
-        cases=("5, 0, 10", "-3, 0, 10", "42, 0, 10", "0.5, 0, 1")),
-    FunctionSpec(
-        key="mean", kind="math", name="mean", alt_name="average", label="mean", params="values",
-        doc="Return the arithmetic mean of `values`, or 0.0 for an empty list.",
-        body=_b("""
-            if not values:
-                return 0.0
-            return sum(values) / len(values)
-            """),
-        bug=("sum(values) / len", "sum(values) // len"),
-        cases=("[1, 2]", "[2, 4, 6]", "[]", "[1.5, 2.5, 4]"),
-        param=ParamSpec("default", "0.0", _b("""
-            if not values:
-                return default
-            return sum(values) / len(values)
-            """), ("[], default=None", "[], default=-1"), "`default` is returned for an empty list")),
-    FunctionSpec(
-        key="percent", kind="math", name="percent", alt_name="percentage", label="percent", params="part, whole",
-        doc="Return `part` as a percentage of `whole`, rounded to 1 decimal place; 0.0 when `whole` is 0.",
-        body=_b("""
-            if whole == 0:
-                return 0.0
-            return round(100 * part / whole, 1)
-            """),
-        bug=("round(100 * part / whole, 1)", "round(part / whole, 1)"),
-        cases=("1, 4", "1, 3", "0, 0", "5, 8"),
-        param=ParamSpec("ndigits", "1", _b("""
-            if whole == 0:
-                return 0.0
-            return round(100 * part / whole, ndigits)
-            """), ("1, 3, ndigits=2", "2, 3, ndigits=0"), "the result is rounded to `ndigits` decimal places")),
-    FunctionSpec(
-        key="median", kind="math", name="median", alt_name="middle_value", label="median", params="values",
-        doc="Return the median of a non-empty list of numbers (the mean of the two middle values for an "
-            "even count).",
-        body=_b("""
-            ordered = sorted(values)
-            mid = len(ordered) // 2
-            if len(ordered) % 2:
-                return ordered[mid]
-            return (ordered[mid - 1] + ordered[mid]) / 2
-            """),
-        bug=("ordered = sorted(values)", "ordered = list(values)"),
-        cases=("[3, 1, 2]", "[4, 1, 3, 2]", "[5]", "[9, 7, 8]")),
-    FunctionSpec(
-        key="scale", kind="math", name="scale", alt_name="rescale", label="scaled", params="values, factor",
-        doc="Return a new list with every value of `values` multiplied by `factor`.",
-        body=_b("return [value * factor for value in values]"),
-        bug=("value * factor", "value + factor"),
-        cases=("[1, 2, 3], 3", "[], 5", "[0.5], 4", "[-1, 10], 0"),
-        param=ParamSpec("offset", "0", _b("return [value * factor + offset for value in values]"),
-                        ("[1, 2], 3, offset=1", "[0], 2, offset=-1"), "`offset` is added to every scaled value")),
-    FunctionSpec(
-        key="chunk", kind="list", name="chunk", alt_name="split_into_chunks", label="chunks", params="items, size",
-        doc="Split `items` into consecutive lists of `size` items; the last one may be shorter.",
-        body=_b("return [items[i:i + size] for i in range(0, len(items), size)]"),
-        bug=("range(0, len(items), size)", "range(0, len(items) - size, size)"),
-        cases=("[1, 2, 3, 4, 5], 2", "[], 3", "[1, 2], 5", "['a', 'b', 'c', 'd'], 2")),
-    FunctionSpec(
-        key="dedupe", kind="list", name="dedupe", alt_name="unique_items", label="unique", params="items",
-        doc="Return the items of `items` without duplicates, keeping the first occurrence of each, in order.",
-        body=_b("""
-            seen = set()
-            result = []
-            for item in items:
-                if item not in seen:
-                    seen.add(item)
-                    result.append(item)
-            return result
-            """),
-        bug=("            seen.add(item)\n", ""),
-        cases=("[3, 1, 3, 2, 1]", "[]", "['a', 'b', 'a']", "[1, 1, 1]"),
-        param=ParamSpec("key", "None", _b("""
-            seen = set()
-            result = []
-            for item in items:
-                marker = item if key is None else key(item)
-                if marker not in seen:
-                    seen.add(marker)
-                    result.append(item)
-            return result
-            """), ("['a', 'A', 'b'], key=str.lower", "[1, -1, 2], key=abs"),
-            "when `key` is given, two items are duplicates if `key(item)` is equal")),
-    FunctionSpec(
-        key="running_total", kind="list", name="running_total", alt_name="cumulative_sum", label="totals",
-        params="values",
-        doc="Return the running totals of `values`: element i is the sum of values[0] to values[i].",
-        body=_b("""
-            totals = []
-            total = 0
-            for value in values:
-                total += value
-                totals.append(total)
-            return totals
-            """),
-        bug=("totals.append(total)", "totals.append(value)"),
-        cases=("[1, 2, 3]", "[]", "[5, -2]", "[0, 4, 4]"),
-        param=ParamSpec("start", "0", _b("""
-            totals = []
-            total = start
-            for value in values:
-                total += value
-                totals.append(total)
-            return totals
-            """), ("[1, 2], start=10", "[3], start=-3"), "the running total starts at `start`")),
-    FunctionSpec(
-        key="flatten", kind="list", name="flatten", alt_name="flatten_lists", label="flat", params="nested",
-        doc="Return one list holding the items of every list in `nested`, in order.",
-        body=_b("return [item for group in nested for item in group]"),
-        bug=("in nested for", "in nested[1:] for"),
-        cases=("[[1, 2], [3], []]", "[]", "[['a'], ['b', 'c']]", "[[0], [0, 1]]")),
-    FunctionSpec(
-        key="top_n", kind="list", name="top_n", alt_name="largest", label="top", params="items, n",
-        doc="Return the `n` largest items of `items`, largest first.",
-        body=_b("return sorted(items, reverse=True)[:n]"),
-        bug=("sorted(items, reverse=True)", "sorted(items)"),
-        cases=("[3, 1, 2], 2", "[5], 3", "[], 1", "[1, 9, 4, 7], 1"),
-        param=ParamSpec("key", "None", _b("return sorted(items, key=key, reverse=True)[:n]"),
-                        ("['bb', 'a', 'ccc'], 2, key=len", "[-5, 2, -1], 1, key=abs"),
-                        "`key` is passed to `sorted` as the sort key")),
-)
-SPEC_BY_KEY = {s.key: s for s in SPECS}
+SPLIT_PAIRS = _assign_splits()
+
+
+def split_of(family: str, key: str) -> str:
+    """The split whose tasks may have target ``key`` in ``family``."""
+    for split in SPLITS:
+        if key in SPLIT_PAIRS[split].get(family, ()):
+            return split
+    raise KeyError(f"code_edit: no split holds ({family!r}, {key!r})")
 
 
 @dataclass(frozen=True)
@@ -334,7 +162,10 @@ class Task:
 # ----- generation ---------------------------------------------------------------------------------
 def generate_task(seed: int, split: str = "train", families: tuple[str, ...] = FAMILIES,
                   hint_location: bool = True) -> Task:
-    """The task of (split, seed): family ``families[seed % len(families)]``, the rest drawn by the seed."""
+    """The task of (split, seed): family ``families[seed % len(families)]``, its target among the
+    split's pairs of that family (``SPLIT_PAIRS``), the rest drawn by the seed."""
+    if split not in SPLITS:
+        raise ValueError(f"code_edit: unknown split {split!r}; choose one of {list(SPLITS)}")
     if not families:
         raise ValueError("code_edit: task_families must not be empty")
     unknown = [f for f in families if f not in FAMILIES]
@@ -342,7 +173,7 @@ def generate_task(seed: int, split: str = "train", families: tuple[str, ...] = F
         raise ValueError(f"code_edit: unknown task families {unknown}; choose from {list(FAMILIES)}")
     family = families[seed % len(families)]
     rng = random.Random(f"code_edit/{split}/{seed}")
-    candidates = [s for s in SPECS if family != "add_param" or s.param is not None]
+    candidates = [SPEC_BY_KEY[key] for key in SPLIT_PAIRS[split][family]]  # the answer-bearing choice
     target = rng.choice(candidates)
     project = rng.choice(PROJECTS)
 
@@ -436,8 +267,11 @@ def generate_task(seed: int, split: str = "train", families: tuple[str, ...] = F
                   Edit(f"{frontend}.py", f"from {target_mod} import {target.name}\n",
                        f"from {target_mod} import {new_name}\n"),
                   Edit(f"{frontend}.py", f"repr({target.name}(*args))", f"repr({new_name}(*args))")]
-    for e in edits:
-        assert files[e.path].count(e.old) == 1, (seed, split, e)
+    after = dict(files)
+    for e in edits:  # each applies exactly once, in order, and leaves no second match behind
+        assert after[e.path].count(e.old) == 1, (seed, split, e)
+        after[e.path] = after[e.path].replace(e.old, e.new)
+    assert not any(e.old in after[e.path] for e in edits), (seed, split, edits)
 
     param = None
     if family == "add_param":
@@ -451,7 +285,9 @@ def generate_task(seed: int, split: str = "train", families: tuple[str, ...] = F
 
 
 def _unique_snippet(text: str, spec: FunctionSpec, good: str, bad: str) -> tuple[str, str]:
-    """The smallest (buggy, fixed) pair around the bug that occurs once in ``text``."""
+    """The smallest (buggy, fixed) pair around the bug that occurs once in ``text`` and no longer
+    occurs once it is replaced (an inserted line must not leave ``old`` intact: the env's expert
+    applies each edit whose ``old`` text is still there)."""
     buggy_body = spec.body.replace(good, bad)
     lines = buggy_body.splitlines(keepends=True)
     good_lines = spec.body.splitlines(keepends=True)
@@ -462,7 +298,7 @@ def _unique_snippet(text: str, spec: FunctionSpec, good: str, bad: str) -> tuple
         for start in range(max(0, first - width + 1), min(first, len(lines) - 1) + 1):
             old = "".join(lines[start:start + width])
             new = "".join(good_lines[start:start + width + extra])
-            if old and text.count(old) == 1:
+            if old and text.count(old) == 1 and old not in text.replace(old, new):
                 return old, new
     return spec.buggy(), spec.source()
 

@@ -89,7 +89,7 @@ def test_generation_is_deterministic_by_seed():
         assert generate_task(seed, "train") == generate_task(seed, "train")
     files = [json.dumps(generate_task(s, "train").files, sort_keys=True) for s in range(12)]
     assert len(set(files)) == 12
-    assert generate_task(3, "train").files != generate_task(3, "valid_seen").files
+    assert generate_task(3, "train").files != generate_task(3, "valid").files
     assert [generate_task(s).family for s in range(8)] == list(FAMILIES) * 2
 
 
@@ -141,7 +141,7 @@ def test_skill_bank_covers_the_families_and_classifies_instructions():
     bank = load_bank("code_edit")
     bank.check_task_types(FAMILIES)
     for seed in range(8):
-        task = generate_task(seed, "valid_seen")
+        task = generate_task(seed, "valid")
         assert bank.classify(task.instruction) == task.family
 
 
