@@ -8,17 +8,26 @@ the weights, and the GPU machines reach no hub and cannot carry the 98 MB GGUF. 
 ids (``--prompt-len``), so no row stops early on EOS.
 
 Prints one JSON object (and writes ``gpu_bench.json`` to ``--out``):
-- ``generate``: HFEngine (the rollout worker's engine) at ``rollout.precision=auto``, generated
-  tokens/s per batch size (median of ``--reps`` timed calls after a warm-up);
+- ``generate``: HFEngine (the rollout worker's engine) at ``rollout.precision=auto``, per batch
+  size the generated tokens/s and the completions/s (sequences sampled per second; each is up to
+  ``--new-tokens`` long), medians of ``--reps`` timed calls after a warm-up;
 - ``score``: TeacherScorerWorker at precision auto, scored response tokens/s over
   ``--score-rows`` rows;
 - ``learn``: one LearnerWorker (DeepSpeed ZeRO-``--zero``, NCCL on a GPU / gloo on a CPU, world size
   1, precision auto = bf16 with fp32 master weights where native) over ``--learn-rows`` rows, the
-  median step's seconds and tokens/s (prompt + response tokens; the first step is not counted),
-  peak device memory, and the seconds of ``state_dict_for_sync`` (the object-store route's copy of
-  the weights to host memory);
-- ``ratios``: learner tokens/s over generated tokens/s at the largest batch, i.e. how many rollout
-  tokens the learner can absorb per token sampled.
+  median step's seconds (the first step is not counted), its rates: ``tokens_per_s`` (prompt +
+  response tokens, what the forward and backward process), ``response_tokens_per_s`` (the response
+  tokens only, those a rollout engine samples) and ``rows_per_s``; peak device memory, and the
+  seconds of ``state_dict_for_sync`` (the object-store route's copy of the weights to host memory);
+- ``ratios``, the learner against the engine at the largest ``--batch`` (``vs_generate_batch``),
+  from the rounded rates above (above 1: the engine starves the learner):
+  ``learner_rows_per_sampled_completion`` = learner rows/s / engine completions/s (a row is a
+  prompt plus one sampled completion: how many completions the learner trains on per completion
+  sampled); ``learner_response_tokens_per_generated_token`` = learner response tokens/s / engine
+  generated tokens/s. The two agree when every completion runs ``--new-tokens`` tokens (random
+  prompts: an early EOS is rare). The learner's prompt + response ``tokens_per_s`` is not compared
+  with generated tokens: it would overstate the learner by (prompt + response) / response, 3x at
+  the defaults.
 Run it alone on the machine; on a shared 2-core CPU the numbers vary by up to 4x (NOTES.md).
 """
 from __future__ import annotations
@@ -77,18 +86,22 @@ def bench_generate(path: Path, device: str, batches: list[int], prompt_len: int,
 
     precision = choose_precision("auto", device).dtype
     engine = HFEngine.from_pretrained(path, dtype=precision, device=device)
-    out = {"precision": precision, "prompt_len": prompt_len, "new_tokens": new_tokens, "tokens_per_s": {}}
+    out = {"precision": precision, "prompt_len": prompt_len, "new_tokens": new_tokens, "tokens_per_s": {},
+           "completions_per_s": {}}
     for b in batches:
         prompts = _prompts(b, prompt_len, SMOLLM2_SHAPE["vocab_size"], seed=b)
         engine.generate(prompts, max_new_tokens=new_tokens, temperature=1.0, seed=0)  # warm-up
-        rates = []
+        rates, calls = [], []
         for r in range(reps):
             _sync(device)
             t0 = time.perf_counter()
             gens = engine.generate(prompts, max_new_tokens=new_tokens, temperature=1.0, seed=r + 1)
             _sync(device)
-            rates.append(sum(g.n_tokens for g in gens) / (time.perf_counter() - t0))
+            sec = time.perf_counter() - t0
+            rates.append(sum(g.n_tokens for g in gens) / sec)
+            calls.append(b / sec)
         out["tokens_per_s"][str(b)] = round(statistics.median(rates), 1)
+        out["completions_per_s"][str(b)] = round(statistics.median(calls), 2)
     del engine
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -163,6 +176,7 @@ def bench_learn(path: Path, device: str, rows: int, prompt_len: int, response_le
            "tokens_per_step": rows * (prompt_len + response_len), "micro_batch_tokens": micro_batch_tokens,
            "setup_s": round(setup["learner/setup_seconds"], 2), "first_step_s": round(times[0], 3),
            "step_s": round(sec, 3), "tokens_per_s": round(rows * (prompt_len + response_len) / sec, 1),
+           "response_tokens_per_s": round(rows * response_len / sec, 1), "rows_per_s": round(rows / sec, 2),
            "loss_finite": bool(torch.isfinite(torch.tensor(metrics["learner/loss"][0]))),
            "state_dict_for_sync_s": round(sync_s, 3)}
     if device.startswith("cuda"):
@@ -202,8 +216,12 @@ def main() -> None:
                                       args.reps)
         result["learn"] = bench_learn(path, args.device, args.learn_rows, args.prompt_len, args.new_tokens,
                                       args.steps, args.zero, args.micro_batch_tokens)
-    top = result["generate"]["tokens_per_s"][str(max(args.batch))]
-    result["ratios"] = {"learner_tokens_per_generated_token": round(result["learn"]["tokens_per_s"] / top, 2)}
+    gen, learn, top = result["generate"], result["learn"], str(max(args.batch))
+    result["ratios"] = {
+        "vs_generate_batch": int(top),
+        "learner_rows_per_sampled_completion": round(learn["rows_per_s"] / gen["completions_per_s"][top], 2),
+        "learner_response_tokens_per_generated_token": round(learn["response_tokens_per_s"]
+                                                             / gen["tokens_per_s"][top], 2)}
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

@@ -1,134 +1,401 @@
-"""privy-rl vs TRL's GRPOTrainer on the same workload, measured in one invocation.
+"""privy-rl vs TRL's GRPOTrainer doing the same work, measured in one invocation.
 
-    make bench-trl ARGS="--steps 7"          # = .venv-bench/bin/python scripts/bench/vs_trl.py
-    .venv-bench/bin/python scripts/bench/vs_trl.py [--steps 7] [--precision auto|fp32|bf16]
-        [--lags 0 1] [--out vs_trl.json]
+    make bench-trl ARGS="--steps 7 --out docs/results/vs_trl_<date>"
+    .venv-bench/bin/python scripts/bench/vs_trl.py [--steps 7] [--precision fp32|bf16] [--lags 0 1]
+        [--engines hf vllm] [--model smollm2_135m|tiny|PATH] [--prompts 8] [--generations 4]
+        [--new-tokens 32] [--temperature 1.0] [--out DIR]
+    # a check that it runs, in about 2 minutes:
+    .venv-bench/bin/python scripts/bench/vs_trl.py --model tiny --steps 2 --prompts 2 --generations 2 \\
+        --new-tokens 8 --lags 0 --out /tmp/vs_trl_tiny
 
-The workload, identical on both sides: SmolLM2-135M-Instruct; the keyword task's prompts
-(chat-templated by the model's template); 8 prompts x 4 completions of at most 32 new tokens per
-optimizer step, temperature 1.0, top-p 1; GRPO with no reference model (TRL ``beta=0``), lr 1e-6;
-the reward is the keyword rubric (the fraction of its three criteria passed); the same precision
-(``auto`` resolves as privy-rl's learner does, ``pipeline/core/hardware.py``) and the same torch
-threads (all cores; privy-rl splits them between its actors at lag >= 1). Each side runs in its own
-subprocess, one after the other, so they never share the cores. Reported: the median seconds per
-optimizer step over the steps after the first (JIT, caches), completions per second (32 / that),
-and privy-rl / TRL ratios of completions per second. TRL runs without vLLM (there is none on CPU
-for it), generating with ``transformers`` ``generate``. Each side runs in its own venv: TRL in the
-one this script is started from (``.venv-bench``, which has TRL and what it pulls in: datasets,
-pandas, pyarrow), privy-rl in the project's ``.venv`` (``--privy-python`` to change): the
-same privy-rl run measured 8.5 s per learner step under ``.venv-bench`` and 5.2 s under ``.venv`` on
-the same machine (cause not identified), so each framework gets its own clean venv.
+**The same work on both sides.** One privy-rl config (``workload_config``: ``env=keyword
+method=grpo`` with the sizes above) is composed on both sides, and both read every setting from it:
 
-The CPU kind matters (bf16 is native only with avx512_bf16 or AMX): the JSON records it.
+- *prompts*: the first ``prompts x steps`` tasks of privy-rl's training task stream (task ``i`` =
+  ``env.reset(task_seed(trainer.seed, i))``, as the controller plays them), as messages built by
+  the env and rendered by the model's chat template. TRL gets the messages, ``prompts`` per step in
+  that order, and renders them itself; the TRL side records the prompt ids TRL actually feeds to
+  ``generate`` and stops if they differ from the ids of privy-rl's own prompt builder
+  (``StudentPrompts``). Both sides report a SHA-256 of those ids (each in its own venv) and the
+  script stops if they differ. At lag 0 privy-rl trains exactly these tasks, step by step as TRL;
+  at lag >= 1 it plays the same stream, trained in the order groups complete;
+- *sampling*: ``generations`` completions per prompt of at most ``new-tokens`` tokens,
+  ``temperature``, top-p 1, no top-k, the same stop ids (checked: TRL's ``eos_token_ids`` against
+  privy-rl's engine rule, EOS + the template's end-of-turn token);
+- *reward*: the env's own reward of the decoded completion (``env.step``), on both sides;
+- *update*: GRPO, one optimizer step per step over all ``prompts x generations`` completions, no
+  reference model (TRL ``beta=0``, privy-rl ``learner.kl_coef=0``), clip 0.2 (TRL ``epsilon``,
+  privy-rl ``clip_low/clip_high``), no entropy bonus (privy-rl ``learner.entropy_coef=0``; TRL has
+  none), no gradient checkpointing (TRL's default is on: turned off, as privy-rl's learner), torch
+  AdamW with privy-rl's lr, betas, eps 1e-8, weight decay, grad-norm clip and a constant lr (TRL's
+  default schedule decays linearly: set to constant). TRL's loss aggregation stays its default
+  (``dapo``), privy-rl's its own: the same tokens are scored either way;
+- *precision*: chosen once by ``--precision``, the default being what both run natively on this
+  CPU (``pipeline/core/hardware.py`` ``choose_precision("auto")``: bf16 only with avx512_bf16 or
+  AMX, else fp32). TRL's bf16 is its ``bf16=True`` (autocast over fp32 weights; ``use_cpu=True``);
+  privy-rl's is bf16 weights in the engine and the learner (fp32 master weights);
+- *threads*: every core. Each side runs in its own subprocess, one after the other, so they never
+  share the cores; privy-rl splits them between its actors at lag >= 1 (``actor_threads``).
+
+**What is reported** (``results.json`` and ``results.md`` in ``--out``, with the exact command
+line in ``command.txt``, the git commit, whether the tree was dirty, and the CPU kind: "avx512_bf16"
+when ``/proc/cpuinfo`` lists it, else "AVX2 only", and lscpu's model name). Per side, over the
+measured steps (every step after the first, which pays for JIT and caches):
+
+- seconds per step: the median; the total;
+- completions/s and response tokens/s: the completions, and the tokens they sampled, over the
+  measured steps, divided by those steps' total seconds. A completion's tokens are counted the same
+  way on both sides, from the ids each side sampled: up to and including the first stop token, or
+  all ``new-tokens`` if none came;
+- the mean completion length in tokens (and the mean reward, a sanity check);
+- the privy-rl / TRL ratios, per completion and per response token.
+
+**Which ratio is fair.** Completion lengths follow each side's own samples (different random
+streams, and privy-rl's policy moves step by step), so two sides that do the same work per token
+can differ per completion. The per-response-token ratio is the fair one; the per-completion ratio
+is what a user sees. Neither normalises the prompt tokens, which are the same on both sides. A
+forced-length mode (every completion exactly ``new-tokens`` long) is not offered: TRL has one
+(``generation_kwargs={"min_new_tokens": N}``) but privy-rl's engines do not
+(``actors/engines/hf.py``, ``vllm.py``), so it would not be the same work.
+
+TRL runs without vLLM (there is none on CPU for it), generating with ``transformers``
+``generate``. Each side runs in its own venv: TRL in the one this script is started from
+(``.venv-bench``: TRL and what it pulls in, datasets, pandas, pyarrow), privy-rl in the project's
+``.venv`` (``--privy-python``; ``--vllm-python`` for ``--engines vllm``): the same privy-rl run
+measured 8.5 s per learner step under ``.venv-bench`` and 5.2 s under ``.venv`` on the same
+machine (cause not identified), so each framework gets its own clean venv. Run it alone on the
+machine: on a shared 2-core CPU the numbers vary severalfold.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-PROMPTS, GENERATIONS, NEW_TOKENS, LR = 8, 4, 32, 1e-6
+ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which privy-rl's learner uses
 
 
-def keyword_tasks(n: int) -> list[tuple[str, object]]:
-    """(prompt text, env) for the first n training tasks of the keyword env (seeds 0..n-1 are
-    what privy-rl's task stream uses too only by accident; both sides see one task per prompt)."""
+@dataclass(frozen=True)
+class Workload:
+    """What both sides run; every field goes into privy-rl's config (``workload_config``), which both
+    sides compose and read."""
+
+    model: str = "smollm2_135m"
+    steps: int = 7
+    prompts: int = 8  # per optimizer step (privy-rl trainer.groups_per_step)
+    generations: int = 4  # completions per prompt (privy-rl rollout.group_size, TRL num_generations)
+    new_tokens: int = 32
+    temperature: float = 1.0
+    lr: float = 1e-6
+    precision: str = "fp32"  # resolved: fp32 | bf16
+    seed: int = 0
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.prompts * self.generations
+
+
+def workload_config(w: Workload, lag: int = 0, engine: str = "hf"):
+    """privy-rl's config of the workload (the TRL side reads its settings from it too)."""
+    from pipeline.tools.cli import compose
+
+    model = ["model=" + w.model] if w.model in ("smollm2_135m", "gemma3_270m", "tiny", "tiny_bytes") \
+        else ["model=hf_path", f"model.path={w.model}"]
+    return compose([*model, "env=keyword", "method=grpo", f"rollout={engine}", f"trainer.total_steps={w.steps}",
+                    "trainer.val_every=0", "trainer.ckpt_every=0", "trainer.val_at_start=false",
+                    "trainer.final_val_splits=[]", "logger.progress=false", f"trainer.seed={w.seed}",
+                    f"rollout.group_size={w.generations}", f"trainer.groups_per_step={w.prompts}",
+                    f"rollout.max_new_tokens={w.new_tokens}", f"rollout.temperature={w.temperature}",
+                    "rollout.top_p=1.0", f"learner.lr={w.lr}", f"trainer.max_policy_lag={lag}",
+                    f"learner.precision={w.precision}", f"rollout.precision={w.precision}",
+                    "learner.kl_coef=0.0", "learner.entropy_coef=0.0", "learner.gradient_checkpointing=false",
+                    "learner.lr_schedule=constant", "learner.warmup_steps=0", "learner.mini_batches=1",
+                    "trainer.skip_zero_advantage_rows=false"])
+
+
+def model_path(cfg) -> str:
+    from pipeline.models import resolve_model
+
+    return str(resolve_model(cfg.model.path or cfg.model.name, cache_dir=cfg.model.cache_dir))
+
+
+def training_prompts(cfg, n: int) -> list[dict]:
+    """The first ``n`` tasks of privy-rl's training stream: ``{"task_seed", "messages", "ids"}``,
+    built by privy-rl's own prompt builder (as its rollout worker builds them)."""
     from envs import make_env
+    from pipeline.context.student_prompts import StudentPrompts
+    from pipeline.models import load_tokenizer
+    from pipeline.orchestration.controller import task_seed
 
+    if cfg.method.get("name") != "grpo":
+        raise SystemExit(f"method={cfg.method.get('name')}: the TRL side reproduces plain GRPO prompts only")
+    builder = StudentPrompts(load_tokenizer(model_path(cfg), cfg.model.chat_template),
+                             max_prompt_tokens=cfg.rollout.max_prompt_tokens, history_length=cfg.env.history_length)
     out = []
-    for seed in range(n):
-        env = make_env("keyword", {}, "train")
-        out.append((env.reset(seed).text, env))
+    for i in range(n):
+        seed = task_seed(cfg.trainer.seed, i)
+        env = make_env(cfg.env.name, cfg.env.options, cfg.env.train_split)
+        messages, ids, _, _ = builder.build(env, [], env.reset(seed), 0, view=None)
+        out.append({"task_seed": seed, "messages": [m.as_dict() for m in messages], "ids": list(ids)})
     return out
 
 
-def run_trl(steps: int, dtype: str) -> dict:
+def prompts_digest(ids: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
+
+
+def privy_stop_ids(path: str, tokenizer) -> list[int]:
+    """The stop ids of privy-rl's HF engine (actors/engines/hf.py): EOS, the template's end-of-turn
+    token and the model's generation_config EOS."""
+    from transformers import GenerationConfig
+
+    from pipeline.core.chat_templates import stop_token_ids
+
+    ids = set(stop_token_ids(tokenizer))
+    try:
+        gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:
+        gen_eos = None
+    for src in (tokenizer.eos_token_id, gen_eos):
+        if src is not None:
+            ids.update(src if isinstance(src, (list, tuple)) else [src])
+    return sorted(int(i) for i in ids)
+
+
+# ----- the sides (each in its own subprocess) ---------------------------------------------------
+def run_trl(w: Workload) -> dict:
+    import torch
+    import transformers
+    import trl
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from pipeline.models import load_tokenizer, resolve_model
+    from envs import make_env
+    from pipeline.core.hardware import set_threads
+    from pipeline.models import load_tokenizer
 
-    path = str(resolve_model("smollm2_135m"))
-    tasks = keyword_tasks(PROMPTS * steps)
-    envs = {text: env for text, env in tasks}
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": text}]} for text, _ in tasks])
+    threads = set_threads(os.cpu_count() or 1)
+    cfg = workload_config(w)
+    path = model_path(cfg)
+    tasks = training_prompts(cfg, w.prompts * w.steps)
+    data = Dataset.from_list([{"prompt": t["messages"], "task_seed": t["task_seed"]} for t in tasks])
 
-    def reward(prompts, completions, **_):
+    def reward(prompts, completions, task_seed, **_):
         out = []
-        for p, c in zip(prompts, completions):
-            env = envs[p[-1]["content"]]
-            criteria = env.judge(c[-1]["content"])
-            out.append(sum(x.passed for x in criteria) / len(criteria))
+        for seed, completion in zip(task_seed, completions):
+            env = make_env(cfg.env.name, cfg.env.options, cfg.env.train_split)
+            env.reset(seed)
+            out.append(float(env.step(completion[-1]["content"]).reward))
+        rewards.extend(out)
         return out
 
-    times: list[float] = []
+    step_s: list[float] = []
+    per_step: list[dict] = []  # what each step generated
+    fed: list[list[int]] = []  # the prompt ids TRL fed to generate, one per prompt (first of its group)
+    rewards: list[float] = []
+
+    class Recorded(GRPOTrainer):
+        def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+            t0 = time.perf_counter()
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+            # Tokens up to and including the first stop id (TRL cuts there itself), else all.
+            per_step.append({"generate_s": time.perf_counter() - t0, "lengths": [len(c) for c in completion_ids]})
+            fed.extend(list(map(int, p)) for p in prompt_ids[::w.generations])
+            return completion_ids, logprobs
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            times.append(time.perf_counter() - self.t0)
+            step_s.append(time.perf_counter() - self.t0)
 
+    lr = cfg.learner
     with tempfile.TemporaryDirectory() as out_dir:
         config = GRPOConfig(
-            output_dir=out_dir, per_device_train_batch_size=PROMPTS * GENERATIONS, num_generations=GENERATIONS,
+            output_dir=out_dir, per_device_train_batch_size=w.completions_per_step, num_generations=w.generations,
             gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
-            max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR, beta=0.0,
-            max_steps=steps, logging_steps=1, report_to=[], save_strategy="no", bf16=dtype == "bf16",
-            use_cpu=True, dataloader_num_workers=0, seed=0, shuffle_dataset=False, use_vllm=False)
-        trainer = GRPOTrainer(model=path, reward_funcs=reward, args=config, train_dataset=data,
-                              processing_class=load_tokenizer(path), callbacks=[Clock()])
+            max_completion_length=w.new_tokens, temperature=w.temperature, top_p=1.0, top_k=0, min_p=None,
+            repetition_penalty=1.0, beta=0.0, epsilon=lr.clip_low, epsilon_high=lr.clip_high,
+            learning_rate=lr.lr, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
+            adam_beta1=lr.betas[0], adam_beta2=lr.betas[1], adam_epsilon=ADAM_EPS, weight_decay=lr.weight_decay,
+            max_grad_norm=lr.grad_clip, gradient_checkpointing=False, bf16=w.precision == "bf16", fp16=False,
+            use_cpu=True, max_steps=w.steps, logging_steps=1, report_to=[], save_strategy="no",
+            dataloader_num_workers=0, seed=w.seed, shuffle_dataset=False, use_vllm=False)
+        tok = load_tokenizer(path, cfg.model.chat_template)
+        trainer = Recorded(model=path, reward_funcs=reward, args=config, train_dataset=data,
+                           processing_class=tok, callbacks=[Clock()])
+        want_stops = privy_stop_ids(path, tok)
+        if sorted(trainer.eos_token_ids) != want_stops:
+            raise SystemExit(f"stop ids differ: TRL {sorted(trainer.eos_token_ids)}, privy-rl {want_stops}")
         trainer.train()
-    return {"step_s": times}
+    want = [t["ids"] for t in tasks]
+    if fed != want:
+        bad = next(i for i, (a, b) in enumerate(zip(fed, want)) if a != b) if len(fed) == len(want) else None
+        raise SystemExit(f"TRL's prompt ids differ from privy-rl's ({len(fed)} vs {len(want)} prompts; "
+                         f"first difference at prompt {bad})")
+    return {"step_s": step_s, "completions": [len(s["lengths"]) for s in per_step],
+            "response_tokens": [sum(s["lengths"]) for s in per_step],
+            "generate_s": [s["generate_s"] for s in per_step],
+            "reward_mean": statistics.fmean(rewards) if rewards else None, "threads": threads,
+            "stop_ids": want_stops, "prompts_sha256": prompts_digest(fed),
+            "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
+                         "torch": torch.__version__}}
 
 
-def run_privy(steps: int, precision: str, lag: int, engine: str = "hf") -> dict:
-    from pipeline.orchestration.run import run_training
-    from pipeline.tools.cli import compose
+def run_privy(w: Workload, lag: int, engine: str) -> dict:
+    import torch
+    import transformers
 
-    cfg = compose(["model=smollm2_135m", "env=keyword", f"rollout={engine}", f"trainer.total_steps={steps}", "trainer.val_every=0",
-                   "trainer.ckpt_every=0", "logger.progress=false", f"rollout.group_size={GENERATIONS}",
-                   f"trainer.groups_per_step={PROMPTS}", f"rollout.max_new_tokens={NEW_TOKENS}",
-                   "rollout.temperature=1.0", "rollout.top_p=1.0", f"learner.lr={LR}", f"trainer.max_policy_lag={lag}",
-                   f"learner.precision={precision}", f"rollout.precision={precision}"])
+    from pipeline.models import load_tokenizer
+    from pipeline.orchestration.run import actor_threads, run_training
+
+    cfg = workload_config(w, lag, engine)
+    path = model_path(cfg)
+    tasks = training_prompts(cfg, w.prompts * w.steps)
     with tempfile.TemporaryDirectory() as run_dir:
         history = run_training(cfg, run_dir)
-    keys = ("time/step_s", "time/train_s", "time/wait_rollout_s", "time/sync_s", "rollout/tokens_per_s")
-    return {k.split("/")[-1]: [h.get(k, 0.0) for h in history] for k in keys} | {"step_s": [h["time/step_s"]
-                                                                                         for h in history]}
+    if len(history) != w.steps:
+        raise SystemExit(f"privy-rl ran {len(history)} steps of {w.steps}")
+    turns = [h["rollout/turns_per_episode"] for h in history]
+    if any(t != 1 for t in turns):
+        raise SystemExit(f"keyword episodes should be one turn each, got {turns}")
+    n = w.completions_per_step
+    return {"step_s": [h["time/step_s"] for h in history], "completions": [n] * len(history),
+            # rollout/response_tokens: mean sampled ids per row, up to and including the stop id
+            "response_tokens": [h["rollout/response_tokens"] * n for h in history],
+            "reward_mean": statistics.fmean(h["rollout/reward"] for h in history),
+            "wait_rollout_s": [h["time/wait_rollout_s"] for h in history],
+            "train_s": [h["time/train_s"] for h in history], "sync_s": [h["time/sync_s"] for h in history],
+            "threads": actor_threads(cfg),
+            "stop_ids": privy_stop_ids(path, load_tokenizer(path, cfg.model.chat_template)),
+            "prompts_sha256": prompts_digest([t["ids"] for t in tasks]),
+            "versions": {"transformers": transformers.__version__, "torch": torch.__version__}}
 
 
-def summary(times: list[float]) -> dict:
-    rest = times[1:] or times
-    med = statistics.median(rest)
-    return {"step_s_median": med, "step_s": times, "completions_per_s": PROMPTS * GENERATIONS / med}
+# ----- the report -----------------------------------------------------------------------------------
+def summarize(raw: dict) -> dict:
+    """Rates over the measured steps (all after the first, unless there is only one)."""
+    k = 1 if len(raw["step_s"]) > 1 else 0
+    sec = raw["step_s"][k:]
+    done, tokens = sum(raw["completions"][k:]), sum(raw["response_tokens"][k:])
+    out = {"measured_steps": len(sec), "step_s_median": statistics.median(sec), "measured_s": sum(sec),
+           "completions": done, "response_tokens": round(tokens),
+           "completions_per_s": done / sum(sec), "response_tokens_per_s": tokens / sum(sec),
+           "mean_completion_tokens": tokens / done,
+           "mean_completion_tokens_per_step": [t / c for t, c in zip(raw["response_tokens"], raw["completions"])]}
+    for key in ("generate_s", "wait_rollout_s", "train_s", "sync_s"):
+        if key in raw:
+            out[key + "_median"] = statistics.median(raw[key][k:])
+    return out | {key: raw[key] for key in raw if key not in ("completions", "response_tokens")}
+
+
+def ratios(side: dict, trl: dict) -> dict:
+    return {"per_completion": side["completions_per_s"] / trl["completions_per_s"],
+            "per_response_token": side["response_tokens_per_s"] / trl["response_tokens_per_s"]}
 
 
 def cpu_kind() -> dict:
     from pipeline.core.hardware import CpuFeatures
 
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = ""
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
+        name = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "")
+    except (OSError, subprocess.SubprocessError):
+        pass
     cpu = CpuFeatures.detect()
-    return {"capability": cpu.capability, "avx512_bf16": cpu.avx512_bf16, "amx": cpu.amx_bf16,
+    return {"kind": "avx512_bf16" if "avx512_bf16" in info else "AVX2 only", "model_name": name,
+            "cores": os.cpu_count(), "torch_capability": cpu.capability, "amx": cpu.amx_bf16,
             "native_bf16": cpu.native_bf16}
+
+
+def git_state() -> dict:
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+    changed = git("diff", "--name-only", "HEAD").splitlines()  # tracked files differing from the commit
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed), "changed_files": changed}
+
+
+def side_label(name: str) -> str:
+    if name == "trl":
+        return "TRL GRPOTrainer"
+    engine, lag = name.split("_")[1], name.split("lag")[1]
+    return f"privy-rl, {'HF' if engine == 'hf' else 'vLLM'} engine, lag {lag}"
+
+
+def markdown(r: dict) -> str:
+    w, cpu, g = r["workload"], r["cpu"], r["git"]
+    lines = [
+        "# privy-rl vs TRL GRPOTrainer (`scripts/bench/vs_trl.py`)", "",
+        f"- Run: {r['date']}, git {g['commit'][:12]}"
+        + (f" with uncommitted changes to {len(g['changed_files'])} tracked files (listed in results.json)"
+           if g["dirty"] else ""),
+        f"- CPU: {cpu['model_name'] or 'unknown'}, {cpu['kind']} (torch capability {cpu['torch_capability']}, "
+        f"{cpu['cores']} cores)",
+        f"- Command: `{r['command']}`",
+        f"- Workload, identical on both sides: {w['model']}; {w['prompts']} prompts x {w['generations']} completions "
+        f"per step, at most {w['new_tokens']} new tokens, temperature {w['temperature']:g}, top-p 1; {w['precision']} "
+        f"({w['precision_reason']}); GRPO, no reference model, no entropy bonus, AdamW lr {w['lr']:g} constant; "
+        f"{w['steps']} steps, the first not counted.",
+        f"- Prompts: the first {w['prompts'] * w['steps']} tasks of privy-rl's keyword training stream, "
+        f"{w['mean_prompt_tokens']:.1f} tokens on average with the chat template; the ids TRL fed to generate "
+        f"were checked equal to privy-rl's (sha256 {w['prompts_sha256'][:16]}...). Stop ids {w['stop_ids']}.", "",
+        "| | s / step (median) | completions / s | response tokens / s | mean completion (tokens) "
+        "| mean reward | vs TRL per completion | vs TRL per response token |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in r["sides"].items():
+        rat = r["ratios"].get(name, {"per_completion": 1.0, "per_response_token": 1.0})
+        lines.append(f"| {side_label(name)} | {s['step_s_median']:.2f} | {s['completions_per_s']:.2f} | "
+                     f"{s['response_tokens_per_s']:.1f} | {s['mean_completion_tokens']:.1f} | {s['reward_mean']:.3f} | "
+                     f"{rat['per_completion']:.2f}x | **{rat['per_response_token']:.2f}x** |")
+    lines += ["", *("- " + n for n in r["notes"]), ""]
+    return "\n".join(lines)
+
+
+NOTES = [
+    "Rates: the completions (or the tokens they sampled) of the measured steps over those steps' total seconds. "
+    "A completion's tokens are the ids it sampled up to and including its first stop id (all of them if none "
+    "came), counted the same way on both sides.",
+    "The per-response-token ratio is the fair one: completion lengths follow each side's own samples, so "
+    "per completion the side that happened to sample longer completions looks slower. privy-rl's engines have "
+    "no forced-length (min_new_tokens) mode, so no run with equal lengths is offered.",
+    "TRL's bf16 is autocast over fp32 weights (bf16=True, use_cpu=True); privy-rl's is bf16 weights in engine and "
+    "learner with fp32 master weights.",
+    "At lag 1 privy-rl trains on completions sampled up to one step earlier while the next ones are sampled: "
+    "the same work per step, but not TRL's on-policy algorithm.",
+]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=7, help="optimizer steps per side (the first is not counted)")
-    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
-    ap.add_argument("--lags", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--precision", default=None, choices=["fp32", "bf16"],
+                    help="both sides (default: what this CPU runs natively, pipeline/core/hardware.py)")
+    ap.add_argument("--model", default="smollm2_135m", help="smollm2_135m | tiny | an HF model directory")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per optimizer step")
+    ap.add_argument("--generations", type=int, default=4, help="completions per prompt")
+    ap.add_argument("--new-tokens", type=int, default=32, help="max new tokens per completion")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--lags", type=int, nargs="+", default=[0, 1], help="privy-rl's trainer.max_policy_lag values")
+    ap.add_argument("--out", default=None, help="a directory: results.json, results.md, command.txt")
     ap.add_argument("--privy-python", default=str(ROOT / ".venv" / "bin" / "python"),
                     help="the interpreter of privy-rl's side (default: the project's .venv)")
     ap.add_argument("--engines", nargs="+", default=["hf"], choices=["hf", "vllm"],
@@ -136,6 +403,7 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"),
                     help="the interpreter of privy-rl's side with rollout=vllm (make setup-vllm)")
     ap.add_argument("--side", default=None, help=argparse.SUPPRESS)  # internal: run one side here
+    ap.add_argument("--workload", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--lag", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="hf", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -143,38 +411,64 @@ def main() -> None:
     from pipeline.core.runtime_env import set_process_env
 
     set_process_env()
-    dtype = choose_precision(args.precision).dtype
-    if args.side:  # a child: one side, its raw timings on stdout's last line
-        result = run_trl(args.steps, dtype) if args.side == "trl" else run_privy(args.steps, dtype, args.lag, args.engine)
+    if args.side:  # a child: one side, its raw measurements on stdout's last line
+        w = Workload(**json.loads(args.workload))
+        result = run_trl(w) if args.side == "trl" else run_privy(w, args.lag, args.engine)
         print("RESULT " + json.dumps(result))
         return
-    out = {"workload": {"model": "smollm2_135m", "prompts": PROMPTS, "generations": GENERATIONS,
-                        "max_new_tokens": NEW_TOKENS, "steps": args.steps, "precision": dtype,
-                        "threads": os.cpu_count()}, "cpu": cpu_kind()}
+    if args.steps < 2:
+        ap.error("--steps must be >= 2 (the first step is not counted)")
+    choice = choose_precision(args.precision or "auto")
+    if choice.warning:
+        print(f"warning: {choice.warning}", file=sys.stderr)
+    w = Workload(model=args.model, steps=args.steps, prompts=args.prompts, generations=args.generations,
+                 new_tokens=args.new_tokens, temperature=args.temperature, precision=choice.dtype)
+    command = shlex.join([sys.executable, *sys.argv])
+    out_dir = Path(args.out) if args.out else None
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "command.txt").write_text(f"cd {os.getcwd()} && {command}\n")
+    report = {"benchmark": "privy-rl vs TRL GRPOTrainer", "date": datetime.datetime.now().astimezone().isoformat(
+        timespec="seconds"), "command": command, "git": git_state(), "cpu": cpu_kind(),
+        "workload": asdict(w) | {"precision_reason": choice.reason, "precision_warning": choice.warning},
+        "sides": {}, "ratios": {}, "notes": NOTES}
     sides = [("trl", 0, "")] + [("privy", lag, eng) for eng in args.engines for lag in args.lags]
     for side, lag, engine in sides:
         python = {"trl": sys.executable, "hf": args.privy_python, "vllm": args.vllm_python}[engine or side]
         if not Path(python).exists():
             raise SystemExit(f"{python} not found (privy-rl's side with rollout={engine}); see --help")
-        cmd = [python, __file__, "--side", side, "--lag", str(lag), "--steps", str(args.steps),
-               "--precision", args.precision, "--engine", engine or "hf"]
+        cmd = [python, __file__, "--side", side, "--lag", str(lag), "--engine", engine or "hf",
+               "--workload", json.dumps(asdict(w))]
+        name = "trl" if side == "trl" else f"privy_{engine}_lag{lag}"
+        print(f"{name}: running ...", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
-            raise SystemExit(f"{side} failed ({proc.returncode}): {proc.stderr[-3000:]}")
-        raw = json.loads(lines[-1][len("RESULT "):])
-        name = "trl" if side == "trl" else f"privy_{engine}_lag{lag}"
-        out[name] = summary(raw["step_s"]) | {k: v for k, v in raw.items() if k != "step_s"}
-        print(f"{name}: {out[name]['step_s_median']:.2f} s/step, {out[name]['completions_per_s']:.2f} completions/s",
-              file=sys.stderr, flush=True)
-    for engine in args.engines:
-        for lag in args.lags:
-            name = f"privy_{engine}_lag{lag}"
-            out[f"ratio_{engine}_lag{lag}"] = out[name]["completions_per_s"] / out["trl"]["completions_per_s"]
-    text = json.dumps(out, indent=1)
+            raise SystemExit(f"{name} failed ({proc.returncode}): {proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
+        s = report["sides"][name] = summarize(json.loads(lines[-1][len("RESULT "):]))
+        print(f"{name}: {s['step_s_median']:.2f} s/step, {s['completions_per_s']:.2f} completions/s, "
+              f"{s['response_tokens_per_s']:.1f} response tokens/s, {s['mean_completion_tokens']:.1f} tokens "
+              "per completion", file=sys.stderr, flush=True)
+    trl = report["sides"]["trl"]
+    for name, s in report["sides"].items():
+        if s["prompts_sha256"] != trl["prompts_sha256"] or s["stop_ids"] != trl["stop_ids"]:
+            raise SystemExit(f"{name} and TRL did not get the same prompts or stop ids: "
+                             f"{s['prompts_sha256']} {s['stop_ids']} vs {trl['prompts_sha256']} {trl['stop_ids']}")
+        if name != "trl":
+            report["ratios"][name] = ratios(s, trl)
+    report["workload"] |= {"prompts_sha256": trl["prompts_sha256"], "stop_ids": trl["stop_ids"],
+                           "mean_prompt_tokens": _mean_prompt_tokens(w)}
+    text = json.dumps(report, indent=1)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    if out_dir:
+        (out_dir / "results.json").write_text(text + "\n")
+        (out_dir / "results.md").write_text(markdown(report))
+        print(f"wrote {out_dir}/results.json, results.md, command.txt", file=sys.stderr)
+
+
+def _mean_prompt_tokens(w: Workload) -> float:
+    tasks = training_prompts(workload_config(w), w.prompts * w.steps)
+    return statistics.fmean(len(t["ids"]) for t in tasks)
 
 
 if __name__ == "__main__":

@@ -372,6 +372,19 @@ def test_adrs_leaves_single_row_and_zero_std_groups_unshaped():
     assert m["adrs/shaped_group_fraction"] == pytest.approx(1 / 3)
 
 
+def test_adrs_leaves_a_one_episode_group_unshaped():
+    # statistics over episodes: group 0 has one episode of 3 turns (nothing to compare: advantage 0,
+    # no shaping; the released code would use A = R and shape it, docs/methods.md), group 1 two
+    rows = [row(0, 0, 0, 1.0), row(0, 0, 1, 1.0), row(0, 0, 2, 1.0), row(1, 0, 0, 1.0), row(1, 1, 0, 0.0)]
+    lps = [[-1.0, -2.0], [-0.5, -3.0], [-2.0, -0.1], [-1.0, -0.5], [-0.3, -2.0]]
+    base = grpo_advantages(rows, mean_std_across_rows=False)
+    out, m = adrs_advantages(rows, lps, base, eta_s=0.5)
+    for i in range(3):
+        assert torch.all(out[i] == 0.0)
+    assert not torch.all(out[3] == base.advantages[3])  # the group of two episodes is shaped
+    assert m["adrs/shaped_group_fraction"] == pytest.approx(1 / 2)
+
+
 def test_l2_gate_cancels_in_paper_mode_but_acts_after_whitening():
     rows = [row(0, 0, 0, 10.0), row(0, 1, 0, 0.0), row(0, 2, 0, 4.0)]
     lps = [[-0.5, -1.0, -0.2], [-3.0, -2.0], [-1.0, -1.5]]
