@@ -128,7 +128,7 @@ def check_split(split: str, options: AlfworldOptions) -> None:
     if split not in SPLITS:
         raise ValueError(f"unknown alfworld split {split!r}; choose one of {list(SPLITS)}")
     plans = [load_floorplan(n) for n in split_floorplans(split, options.n_floorplans)]
-    missing = [t for t in options.task_types if not any(supports(fp, t) for fp in plans)]
+    missing = [t for t in options.task_types if not any(supports(fp, t, split) for fp in plans)]
     if missing:
         raise ValueError(f"no floor plan among the first {options.n_floorplans or len(plans)} of split {split!r} "
                          f"supports {missing}; raise alfworld n_floorplans (or set it to 0)")

@@ -12,7 +12,10 @@ The grammar is the wheel's ``alfred.twl2`` with ``UNKNOWN GOAL`` replaced by the
 (what ``alfworld.agents.utils.misc.add_task_to_grammar`` does, minus its unseeded template draw).
 Before a game is cached, Fast Downward plans it (``_plan``) and the plan is replayed in the full
 game (``_check``): the goal must be false at reset and the replay must win. A draw that fails is
-redrawn from the same random stream. Generation is a pure function of the key, so a re-run, or
+redrawn from the same random stream, as is a draw whose goal key (floor plan, task type, goal
+types) belongs to another split (``scenes.goal_split``). The problems tried, in order, are
+``problem_candidates`` (no planner, no files: what tests enumerate by the thousand); the game is
+the first the planner solves. Generation is a pure function of the key, so a re-run, or
 another process racing on the same key, writes the same bytes; files are written to a temporary
 directory and renamed into place.
 
@@ -44,12 +47,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import os
 import random
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -65,14 +70,19 @@ from envs.alfworld.scenes import (
     TASK_TYPES,
     Problem,
     SceneLimits,
+    goal_key,
+    goal_split,
     load_floorplan,
     sample_problem,
     split_floorplans,
     supports,
 )
 
-GENERATOR_VERSION = 1  # bump whenever the games written for a given key change
-_MAX_DRAWS = 200
+# Bump whenever the games written for a given key change. 2: a draw whose goal key (floor plan,
+# task type, goal types) is of another split is redrawn, so valid_seen never repeats a train goal.
+GENERATOR_VERSION = 2
+_MAX_DRAWS = 200  # problems planned before giving up
+_MAX_SAMPLES = 20_000  # draws (fitting or not) before giving up
 
 
 @dataclass(frozen=True)
@@ -231,6 +241,37 @@ def _read_record(directory: Path) -> GameRecord | None:
                       traj["turk_annotations"]["anns"][0]["task_desc"], tuple(game["walkthrough"]))
 
 
+@functools.lru_cache(maxsize=None)
+def _floorplans_for(split: str, n_floorplans: int, task_type: str) -> list[int]:
+    """The split's floor plans with a goal key of ``task_type`` in the split (shared: do not modify)."""
+    return [n for n in split_floorplans(split, n_floorplans) if supports(load_floorplan(n), task_type, split)]
+
+
+def problem_candidates(limits: SceneLimits, split: str, task_type: str, index: int) -> Iterator[Problem]:
+    """The problems ``get_game`` tries, in order, for the ``index``-th game of ``task_type`` in
+    ``split``: a pure function of its arguments (no planner, no files). The game is the first
+    one the planner solves, nearly always the first. Every one has a goal key of ``split``
+    (``scenes.goal_split``)."""
+    if task_type not in TASK_TYPES:
+        raise ValueError(f"unknown ALFWorld task type {task_type!r}; choose from {list(TASK_TYPES)}")
+    floorplans = _floorplans_for(split, limits.n_floorplans, task_type)
+    if not floorplans:
+        raise GenerationError(f"no floor plan of split {split!r} supports {task_type}")
+    rng = random.Random(f"{limits.seed}:{split}:{task_type}:{index}")
+    for _ in range(_MAX_SAMPLES):
+        problem = sample_problem(rng, load_floorplan(rng.choice(floorplans)), task_type, limits, split)
+        if problem is not None:
+            assert goal_split(goal_key(problem)) == split
+            yield problem
+
+
+def problem_for(limits: SceneLimits, split: str, task_type: str, index: int) -> Problem:
+    """The first of ``problem_candidates``: the game's problem unless the planner rejects it."""
+    for problem in problem_candidates(limits, split, task_type, index):
+        return problem
+    raise GenerationError(f"no {task_type} problem for {split}/{index} in {_MAX_SAMPLES} draws")
+
+
 def get_game(limits: SceneLimits, split: str, task_type: str, index: int, cache_dir: str | None = None) -> GameRecord:
     """The ``index``-th game of ``task_type`` in ``split``: from the cache, else generated and verified."""
     if task_type not in TASK_TYPES:
@@ -239,16 +280,10 @@ def get_game(limits: SceneLimits, split: str, task_type: str, index: int, cache_
     record = _read_record(final)
     if record is not None:
         return record
-    floorplans = [n for n in split_floorplans(split, limits.n_floorplans) if supports(load_floorplan(n), task_type)]
-    if not floorplans:
-        raise GenerationError(f"no floor plan of split {split!r} supports {task_type}")
-    rng = random.Random(f"{limits.seed}:{split}:{task_type}:{index}")
+    candidates = problem_candidates(limits, split, task_type, index)
     final.parent.mkdir(parents=True, exist_ok=True)
     errors = []
-    for _ in range(_MAX_DRAWS):
-        problem = sample_problem(rng, load_floorplan(rng.choice(floorplans)), task_type, limits)
-        if problem is None:
-            continue
+    for problem in itertools.islice(candidates, _MAX_DRAWS):
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
             walkthrough = _plan(tmp, problem)
@@ -264,8 +299,10 @@ def get_game(limits: SceneLimits, split: str, task_type: str, index: int, cache_
             errors.append(str(e))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    raise GenerationError(f"no valid {task_type} game for {split}/{index} after {_MAX_DRAWS} draws: {errors[-3:]}")
+    raise GenerationError(f"no valid {task_type} game for {split}/{index} after {len(errors)} planned draws: "
+                          f"{errors[-3:]}")
 
 
 __all__ = ["GENERATOR_VERSION", "GameRecord", "GenerationError", "SPLITS", "TASK_TYPES", "SceneLimits",
-           "cache_key", "default_cache_dir", "get_game", "render_problem", "split_floorplans"]
+           "cache_key", "default_cache_dir", "get_game", "problem_candidates", "problem_for", "render_problem",
+           "split_floorplans"]

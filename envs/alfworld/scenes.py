@@ -27,12 +27,18 @@ drawn (ALFWorld skips them too); task sentences use the goal library's templates
 annotations.
 
 Splits follow ALFRED's scene split: ``train`` and ``valid_seen`` draw from the training floor
-plans (7-30, 207-230, 307-330, 407-430) with independent random streams, ``valid_unseen`` from
-the held-out ones (1-6, 201-206, 301-306, 401-406).
+plans (7-30, 207-230, 307-330, 407-430), ``valid_unseen`` from the held-out ones (1-6, 201-206,
+301-306, 401-406). What decides a task's solution is its floor plan, task type and goal types
+(``goal_key``: the object type, and the goal receptacle type or the lamp type); each such key of
+a training floor plan belongs to one of ``train`` and ``valid_seen`` (``goal_split``: 1 in 10 to
+``valid_seen`` by a stable hash), and ``sample_problem(..., split=...)`` rejects a draw whose key
+is of another split. So no ``valid_seen`` task asks for what a ``train`` task asks for in the same
+room, and ``valid_unseen`` shares not even a floor plan with them.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -177,8 +183,7 @@ def _goal_types(fp: Floorplan, task_type: str, obj: str) -> list[str]:
     return [t for t in holders if t != _APPLIANCE.get(task_type) and len(holders) > 1]
 
 
-def supports(fp: Floorplan, task_type: str) -> bool:
-    """Whether a task of this type can be drawn in this floor plan."""
+def _supports_type(fp: Floorplan, task_type: str) -> bool:
     rtypes = {r.type for r in fp.receptacles}
     if task_type in _APPLIANCE and _APPLIANCE[task_type] not in rtypes:
         return False
@@ -188,8 +193,49 @@ def supports(fp: Floorplan, task_type: str) -> bool:
     return any(_goal_types(fp, task_type, o) for o in _target_types(fp, task_type))
 
 
-def sample_problem(rng: random.Random, fp: Floorplan, task_type: str, limits: SceneLimits) -> Problem | None:
-    """Draw one task in ``fp``; None when this draw does not fit (the caller redraws)."""
+# (floor plan, task type, object type, goal receptacle type or "", lamp type or "")
+GoalKey = tuple[int, str, str, str, str]
+VALID_SEEN_SHARE = 10  # 1 in this many goal keys of the training floor plans is valid_seen's
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def goal_split(key: GoalKey) -> str:
+    """The one split a goal key belongs to: ``valid_unseen`` on its floor plans, else ``valid_seen``
+    for 1 key in ``VALID_SEEN_SHARE`` (a SHA-256 hash of the key) and ``train`` for the rest."""
+    if key[0] in C.TEST_SCENE_NUMBERS:
+        return "valid_unseen"
+    digest = hashlib.sha256("|".join(map(str, key)).encode()).hexdigest()
+    return "valid_seen" if int(digest, 16) % VALID_SEEN_SHARE == 0 else "train"
+
+
+def goal_key(p: "Problem") -> GoalKey:
+    return (p.floorplan, p.task_type, p.obj, p.recep, p.toggle)
+
+
+def goal_keys(fp: Floorplan, task_type: str) -> list[GoalKey]:
+    """Every goal key ``sample_problem`` can draw in ``fp`` for ``task_type``."""
+    if not _supports_type(fp, task_type):
+        return []
+    objs = _target_types(fp, task_type)
+    if task_type == "look_at_obj_in_light":
+        objs = [o for o in objs if any(_can_hold(r.type, o) for r in fp.receptacles)]
+        return [(fp.number, task_type, o, "", lamp) for o in objs for lamp in fp.lamps]
+    return [(fp.number, task_type, o, r, "") for o in objs for r in _goal_types(fp, task_type, o)]
+
+
+def supports(fp: Floorplan, task_type: str, split: str | None = None) -> bool:
+    """Whether a task of this type can be drawn in this floor plan (for ``split``: with a goal key
+    of that split)."""
+    if split is None:
+        return _supports_type(fp, task_type)
+    return any(goal_split(k) == split for k in goal_keys(fp, task_type))
+
+
+def sample_problem(rng: random.Random, fp: Floorplan, task_type: str, limits: SceneLimits,
+                   split: str | None = None) -> Problem | None:
+    """Draw one task in ``fp``; None when this draw does not fit (the caller redraws). With
+    ``split``, a draw whose goal key is of another split (``goal_split``) does not fit either: it
+    is given up right after the goal types are drawn."""
     objs = _target_types(fp, task_type)
     if task_type == "look_at_obj_in_light":
         objs = [o for o in objs if any(_can_hold(r.type, o) for r in fp.receptacles)]
@@ -202,10 +248,14 @@ def sample_problem(rng: random.Random, fp: Floorplan, task_type: str, limits: Sc
     required: list[Receptacle] = []
     if task_type == "look_at_obj_in_light":
         toggle = rng.choice(fp.lamps)
+        if split is not None and goal_split((fp.number, task_type, obj, recep, toggle)) != split:
+            return None
         lamp_host = rng.choice([r for r in fp.receptacles if r.type in _LAMP_HOSTS])
         required.append(lamp_host)
     else:
         recep = rng.choice(_goal_types(fp, task_type, obj))
+        if split is not None and goal_split((fp.number, task_type, obj, recep, toggle)) != split:
+            return None
         required.append(rng.choice([r for r in fp.receptacles if r.type == recep]))
         if task_type in _APPLIANCE:
             required.append(rng.choice([r for r in fp.receptacles if r.type == _APPLIANCE[task_type]]))

@@ -35,10 +35,15 @@ question is answerable with one search. About 6,300 questions survive.
 ``file`` (``file_questions(path, split)``): your own questions for an HTTP retriever, one JSON
 object per line with ``question`` and ``golden_answers`` (list or string), as in Search-R1's and
 FlashRAG's data (``id`` and ``data_source`` optional). ``{split}`` in the path selects one file
-per split; otherwise questions are split by a hash of their text.
+per split; otherwise questions are split by a hash of their text. The user's files define their
+own splits: nothing here checks that a held-out question's facts are not asked in train.
 
-Splits (``train``/``valid``/``test``, 80/10/10) are disjoint by question: a question's split is
-a hash of the entity it names (generated), of the article title (wiki) or of its text (file).
+Splits (``train``/``valid``/``test``, 80/10/10 by ``split_of``, a stable hash) never share an
+answer-bearing fact. ``generated``: by company: every question about a company, its founder or
+its products goes to ``split_of(company name)``, so a held-out question's supporting documents
+(and hence its facts, (document of each hop, what is read there)) are never a train question's.
+``wiki``: by article title, which is the answer. ``file``: by question text (or per-split files).
+tests/unit/test_split_search_qa.py checks this as sets.
 """
 from __future__ import annotations
 
@@ -182,17 +187,22 @@ def _build_generated(seed: int, n_companies: int) -> Corpus:
     docs: list[Document] = []
     questions: list[Question] = []
 
+    split = ""  # the split of the company being built: every question about it lands there
+
     def ask(kind: str, anchor: str, text: str, answers: Sequence[str], queries: Sequence[str],
             support: Sequence[str]) -> None:
         qid = f"{kind}:{anchor}"
         questions.append(Question(qid=qid, question=text, answers=tuple(dict.fromkeys(answers)),
                                   hops=len(queries), queries=tuple(queries), support=tuple(support),
-                                  split=split_of(anchor), kind=kind))
+                                  split=split, kind=kind))
 
     for i in range(n_companies):
         industry, suffix, kinds = _INDUSTRIES[i % len(_INDUSTRIES)]
         short = names.word()
         company, cid = f"{short} {suffix}", f"c{i}"
+        # Split by company: its questions, its founder's and its products' all go to one split, so
+        # no document (and no fact) that a held-out question needs is ever needed by a train one.
+        split = split_of(company)
         hq = rng.choice(cities)
         year = rng.randint(1890, 2012)
         office, office_year = _other(rng, cities, hq), rng.randint(year + 3, 2024)

@@ -22,7 +22,7 @@ per hop of the question before answering), ``exact_match``, ``valid_actions`` (n
 ``info`` on the last step carries ``em``, ``f1`` (SQuAD token F1, for evaluation only),
 ``subem`` (a gold answer is a substring of the answer), the answer, the gold answers and counts.
 
-A real episode (default options, split ``train``, seed 13; responses written by hand)::
+A real episode (default options, split ``valid``, seed 81; responses written by hand)::
 
     task: Who founded the company that makes the Trougath?
     turn 0  <think>I need the maker of the Trougath.</think> <search> Trougath </search>

@@ -13,12 +13,13 @@ and ``price_upper`` = the larger of two distinct draws from the first four value
 ``[10, 20, ..., 990]`` above the target's price, appended as ``", and price lower than X.00
 dollars"`` (no price clause when fewer than two such values exist).
 
-Example (``generate_goal(build_catalog(0, 400), "train", 7)``, a real one)::
+Example (``generate_goal(build_catalog(0, 400), "train", 1858)``, a real one, task 1858 of the
+env's train split)::
 
-    Goal(asin='B0EQCFRM6X', attributes=('cotton', 'short sleeve'),
-         options={'color': 'olive green', 'size': 'xx-large'}, price_upper=40.0, category='fashion',
-         instruction="i need a men's t-shirt that is cotton and short sleeve with color: olive green,
-                      and size: xx-large, and price lower than 40.00 dollars", ...)
+    Goal(asin='B0EQCFRM6X', attributes=('crew neck', 'short sleeve', 'cotton'),
+         options={'color': 'royal blue', 'size': 'large'}, price_upper=50.0, category='fashion',
+         instruction="i want to buy a men's t-shirt which is crew neck, short sleeve and cotton with
+                      color: royal blue, and size: large, and price lower than 50.00 dollars", ...)
     # the target: 'Lakeview Apparel Short Sleeve Crew Neck Men's T-Shirt', $15.99,
     # 'Clothing, Shoes & Jewelry › Men › Clothing › Shirts › T-Shirts'
 
@@ -30,13 +31,23 @@ Construction rules that keep the reward formula meaningful on generated text (ch
   (an option left with fewer than two values is dropped entirely).
 * Within an option other than ``size`` (exact match) and colours (normalised on purpose), no two
   values fuzzy-match (``token_set_ratio > 85``); size-like options are therefore named ``size``.
-* Target products are split by product type into disjoint train / valid / test pools (10% / 10%
-  / 80% of each type, at least one each), so evaluation targets are never training targets.
+* Target products are split by product type into disjoint train / valid / test pools (80% / 10%
+  / 10% of each type, at least one each), so evaluation targets are never training targets.
   WebShop splits goal indices instead (test 0-499, eval 500-1499, train the rest).
+* The reward does not look at the ASIN: any product of the asked-for type with the asked-for
+  attributes, options and price wins. So a goal's *requirement* (``requirement``: product type,
+  attribute set, option values) belongs to one split too (``requirement_split``, 80/10/10 by a
+  stable hash), and the env redraws a goal until its requirement is of the task's split
+  (``env.draw_goal``): a valid or test instruction never asks what a train instruction asks (with
+  only the price limit or the sentence changed). A held-out goal can still be won by buying a
+  train target that happens to have what it asks (about 73% of valid goals with the default
+  catalog), as any shopper in WebShop may buy another product than the one the goal was written
+  from. tests/unit/test_split_webshop.py checks the splits as sets.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import random
 from dataclasses import dataclass, field
 
@@ -433,3 +444,18 @@ def generate_goal(catalog: Catalog, split: str, index: int, attempt: int = 0) ->
                 options=options, price_upper=1_000_000.0 if upper is None else upper, query=product.query,
                 product_category=product.product_category, name=product.title, category=product.category)
 
+
+def requirement(goal: Goal) -> str:
+    """What a goal asks for, which decides the products that earn its full reward (price aside):
+    the product type (its query), the set of attributes and the option values. Two goals with the
+    same requirement differ only in the sentence template and the price limit."""
+    attrs = ", ".join(sorted(goal.attributes))
+    opts = ", ".join(f"{k}: {v}" for k, v in sorted(goal.options.items()))
+    return f"{goal.query} | {attrs} | {opts}"
+
+
+def requirement_split(goal: Goal) -> str:
+    """The one split a requirement belongs to (80/10/10 train/valid/test by a stable hash of it);
+    a task keeps only draws whose requirement is of its split (``env.draw_goal``)."""
+    bucket = int(hashlib.sha256(requirement(goal).encode()).hexdigest(), 16) % 10
+    return "test" if bucket == 0 else "valid" if bucket == 1 else "train"

@@ -16,14 +16,14 @@ forgets the query and the chosen options; opening an item from the results start
 options chosen; clicking an option value sets that option (one value per option name).
 
 Observation: the page's visible texts joined with ``" [SEP] "``; every page starts with
-``Instruction: [SEP] <instruction>``. A real results page (seed 7 of the train split, 400 products,
-after ``search[men's t-shirt cotton short sleeve]``; shortened)::
+``Instruction: [SEP] <instruction>``. A real results page (seed 1858 of the train split, 400
+products, after ``search[men's t-shirt cotton short sleeve]``; shortened)::
 
-    Instruction: [SEP] i need a men's t-shirt that is cotton and short sleeve with color: olive green,
-    and size: xx-large, and price lower than 40.00 dollars [SEP] Back to Search [SEP] Page 1 (Total
-    results: 37) [SEP] Next > [SEP] B0EQCFRM6X [SEP] Lakeview Apparel Short Sleeve Crew Neck Men's
-    T-Shirt [SEP] $15.99 [SEP] B0JL0G5JRY [SEP] Fieldstone Tagless Short Sleeve Men's T-Shirt [SEP]
-    $26.49 [SEP] ...
+    Instruction: [SEP] i want to buy a men's t-shirt which is crew neck, short sleeve and cotton with
+    color: royal blue, and size: large, and price lower than 50.00 dollars [SEP] Back to Search
+    [SEP] Page 1 (Total results: 37) [SEP] Next > [SEP] B0EQCFRM6X [SEP] Lakeview Apparel Short
+    Sleeve Crew Neck Men's T-Shirt [SEP] $15.99 [SEP] B0JL0G5JRY [SEP] Fieldstone Tagless Short
+    Sleeve Men's T-Shirt [SEP] $26.49 [SEP] ...
 
 Deviations from WebShop's text env: the search page has no ``WebShop`` logo text before
 ``Instruction:`` and does not list its ``search`` button among the clickables (WebShop lists it

@@ -1,9 +1,12 @@
 """``webshop``: an offline WebShop (generated catalog, WebShop's pages, actions and reward formula).
 
-``reset(seed)`` picks task ``seed % n_tasks`` of the split and its goal (``catalog.generate_goal``;
-a goal whose target is not among the top 50 results for its own instruction is redrawn, so every
-task can be solved by searching the instruction). ``step(response)`` parses verl-agent's
-``<think>...</think><action>...</action>`` (``envs/actions.py``); the action is ``search[...]`` or
+``reset(seed)`` picks task ``seed % n_tasks`` of the split and its goal (``draw_goal``: drawn by
+``catalog.generate_goal`` from the split's own target products, and redrawn until its requirement
+(product type, attributes, option values) belongs to the split, ``catalog.requirement_split``, and
+its target is among the top 50 results for its own instruction, so every task can be solved by
+searching the instruction and no valid or test task asks what a train task asks).
+``step(response)`` parses verl-agent's ``<think>...</think><action>...</action>``
+(``envs/actions.py``); the action is ``search[...]`` or
 ``click[...]``. A response that does not parse, an action of another shape, ``search`` on a page
 without a search bar, and a click on something not on the page are *invalid*: nothing changes,
 the observation is the same page, reward 0 (the pipeline subtracts ``invalid_action_penalty``,
@@ -21,10 +24,11 @@ when nothing was bought): ``attributes`` (every goal attribute matched), ``optio
 option chosen), ``price`` (under the limit), ``type`` (``r_type == 1``); each carries a static
 feedback string (``FEEDBACK``), the privileged context of targeted guidance.
 
-A real episode (``split="train"``, default options, seed 7; ``...`` shortens the page texts)::
+A real episode (``split="train"``, default options, seed 1858; ``...`` shortens the page texts)::
 
-    reset -> "Instruction: [SEP] i need a men's t-shirt that is cotton and short sleeve with color:
-              olive green, and size: xx-large, and price lower than 40.00 dollars [SEP] Search"
+    reset -> "Instruction: [SEP] i want to buy a men's t-shirt which is crew neck, short sleeve and
+              cotton with color: royal blue, and size: large, and price lower than 50.00 dollars
+              [SEP] Search"
     "<think>I need a men's cotton short sleeve t-shirt.</think><action>search[men's t-shirt cotton
      short sleeve]</action>"
           -> "Instruction: [SEP] ... [SEP] Back to Search [SEP] Page 1 (Total results: 37) [SEP] Next >
@@ -38,16 +42,16 @@ A real episode (``split="train"``, default options, seed 7; ``...`` shortens the
     "<think>Cotton is not in the title; check the features.</think><action>click[features]</action>"
           -> "... [SEP] < Prev [SEP] Short Sleeve: An everyday tee ... [SEP] Cotton for everyday ..."
     "<think>It is cotton. Back to the item.</think><action>click[< prev]</action>"  -> the item page
-    "click[olive green]"  (no tags)  -> the same page, action_valid=False, reward 0
-    "<think>Choose the color.</think><action>click[olive green]</action>"      -> the item page
-    "<think>Now the size.</think><action>click[xx-large]</action>"             -> the item page
+    "click[royal blue]"  (no tags)  -> the same page, action_valid=False, reward 0
+    "<think>Choose the color.</think><action>click[royal blue]</action>"       -> the item page
+    "<think>Now the size.</think><action>click[large]</action>"                -> the item page
     "<think>Everything matches; buy.</think><action>click[buy now]</action>"
           -> "... [SEP] Thank you for shopping with us! [SEP] Purchased [SEP] B0EQCFRM6X [SEP] ...
-              [SEP] Options: color: olive green, size: xx-large"
+              [SEP] Options: color: royal blue, size: large"
              reward 10.0, done, won, task_score 1.0, all four criteria passed
 
-Buying the same shirt right after opening it (no options chosen) scores R = (2 + 0 + 1) / 5 = 0.6:
-reward 0 (6.0 with ``reward_mode="score"``), and only ``options`` fails, at turn 2.
+Buying the same shirt right after opening it (no options chosen) scores R = (3 + 0 + 1) / 6 = 0.67:
+reward 0 (6.67 with ``reward_mode="score"``), and only ``options`` fails, at turn 2.
 (``docs/envs_webshop.md`` shows the full, unshortened episode.)
 
 Prompt: verl-agent's ``WEBSHOP_TEMPLATE`` / ``WEBSHOP_TEMPLATE_NO_HIS``
@@ -70,14 +74,14 @@ from enum import StrEnum
 
 from envs.actions import parse_think_action
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env
-from envs.webshop.catalog import SPLITS, TASK_TYPES, Goal, generate_goal
-from envs.webshop.engine import BUY_NOW, SEP, WebShopEngine, catalog_and_index, parse_action
+from envs.webshop.catalog import SPLITS, TASK_TYPES, Catalog, Goal, generate_goal, requirement_split
+from envs.webshop.engine import BUY_NOW, SEP, SearchIndex, WebShopEngine, catalog_and_index, parse_action
 from envs.webshop.expert import hinted_response, shopper_response
 from envs.webshop.reward import RewardBreakdown, get_reward
 from pipeline.core.types import CriterionResult, Message
 
 DEFAULT_N_TASKS = {"train": 5000, "valid": 500, "test": 500}
-GOAL_ATTEMPTS = 20  # redraws of a goal whose target its own instruction does not find
+GOAL_ATTEMPTS = 300  # draws of a task's goal before giving up (draw_goal; a valid draw lands in valid 1 in 10)
 
 FEEDBACK = {
     "attributes": ("Buy an item that has every attribute the instruction asks for: compare the instruction with "
@@ -209,6 +213,19 @@ class WebShopOptions:
         return DEFAULT_N_TASKS[split] if self.n_tasks is None else self.n_tasks
 
 
+def draw_goal(catalog: Catalog, index: SearchIndex, split: str, task_index: int) -> Goal:
+    """The goal of task ``task_index`` of ``split``: the first draw (``generate_goal``, attempt 0,
+    1, ...) whose requirement belongs to ``split`` (``catalog.requirement_split``) and whose
+    target is among the top 50 results of its own instruction (so search can solve it)."""
+    for attempt in range(GOAL_ATTEMPTS):
+        goal = generate_goal(catalog, split, task_index, attempt)
+        if requirement_split(goal) == split and index.rank(goal.instruction, goal.asin) is not None:
+            return goal
+    raise RuntimeError(f"webshop: none of {GOAL_ATTEMPTS} draws for task {task_index} of split {split!r} "
+                       f"(catalog {catalog.key}) has a {split} requirement and is found by its own "
+                       f"instruction; try another catalog_seed or a larger n_products")
+
+
 def check_split(split: str) -> None:
     if split not in SPLITS:
         raise ValueError(f"unknown webshop split {split!r}; choose one of {list(SPLITS)}")
@@ -267,11 +284,7 @@ class WebShopEnv(TextEnv):
     # ----- episode -------------------------------------------------------------------------------
     def reset(self, seed: int) -> Observation:
         index = int(seed) % self.options.n_tasks_for(self.split)
-        for attempt in range(GOAL_ATTEMPTS):
-            goal = generate_goal(self.catalog, self.split, index, attempt)
-            if self.index.rank(goal.instruction, goal.asin) is not None:
-                break
-        self.goal = goal
+        self.goal = goal = draw_goal(self.catalog, self.index, self.split, index)
         self._task_id = f"webshop/{self.split}/{index}/{self.catalog.key}"
         self.engine = WebShopEngine(self.catalog, self.index, goal.instruction)
         self._turn, self._item_turn, self._done, self.score = 0, 0, False, None
