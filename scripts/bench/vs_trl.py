@@ -461,9 +461,29 @@ def main() -> None:
     text = json.dumps(report, indent=1)
     print(text)
     if out_dir:
+        from pipeline.tools.results import write_meta, write_tables
+
         (out_dir / "results.json").write_text(text + "\n")
         (out_dir / "results.md").write_text(markdown(report))
-        print(f"wrote {out_dir}/results.json, results.md, command.txt", file=sys.stderr)
+        # a result folder of docs/results: meta.json and the table the docs quote (table.md)
+        write_meta(out_dir, ROOT, kind="benchmark", command=command, workload=report["workload"])
+        write_tables(out_dir, {"table": table_rows(report)})
+        print(f"wrote {out_dir}/results.json, results.md, table.md, meta.json, command.txt", file=sys.stderr)
+
+
+def table_rows(r: dict) -> list[dict]:
+    """The side-by-side table as rows of strings (``pipeline.tools.results.render_md`` renders it)."""
+    rows = []
+    for name, s in r["sides"].items():
+        rat = r["ratios"].get(name, {"per_completion": 1.0, "per_response_token": 1.0})
+        rows.append({"side": side_label(name), "s / step (median)": f"{s['step_s_median']:.2f}",
+                     "completions / s": f"{s['completions_per_s']:.2f}",
+                     "response tokens / s": f"{s['response_tokens_per_s']:.1f}",
+                     "mean completion (tokens)": f"{s['mean_completion_tokens']:.1f}",
+                     "mean reward": f"{s['reward_mean']:.3f}",
+                     "vs TRL per completion": f"{rat['per_completion']:.2f}x",
+                     "vs TRL per response token": f"{rat['per_response_token']:.2f}x"})
+    return rows
 
 
 def _mean_prompt_tokens(w: Workload) -> float:
