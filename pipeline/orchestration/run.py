@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -289,6 +290,8 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
         from pipeline.orchestration.warm_start import ensure_warm_start
 
         model_path = str(ensure_warm_start(cfg, model_path))
+        # which clone the run started from (its rows, NLL, seconds, cache key): kept with the run
+        shutil.copyfile(Path(model_path) / "privy_model.json", run_dir / "warm_start.json")
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
     start_ray(cfg)

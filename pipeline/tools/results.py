@@ -5,8 +5,10 @@ A result folder ``docs/results/<name>/`` holds what a reader needs to recompute 
 - ``meta.json``: the command line, the commit (and whether the tree was dirty), the machine (CPU
   model, ``avx512_bf16`` or AVX2 only, cores), the date, the preset and its overrides;
 - ``runs/<method>_s<seed>[_r<k>]/``: each training run's ``metrics.jsonl``, ``summary.json``,
-  ``config.yaml``, ``events.jsonl`` and ``outcomes/`` (one line per validation task:
-  ``pipeline.orchestration.logging.OutcomeLog``); checkpoints are never kept;
+  ``config.yaml``, ``events.jsonl``, ``hardware.json`` (each actor's precision and threads),
+  ``warm_start.json`` (the clone it started from: rows, NLL per epoch, seconds) and ``outcomes/``
+  (one line per validation task: ``pipeline.orchestration.logging.OutcomeLog``); checkpoints are
+  never kept;
 - ``table.json`` / ``table.md`` (and ``repeats.json`` / ``repeats.md`` when a seed was run twice):
   computed from ``runs/`` by ``learning_tables``, never edited by hand.
 
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from pipeline.tools.stats import mean_interval, paired_interval, task_bootstrap_interval
 
-RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "events.jsonl")
+RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "events.jsonl", "hardware.json", "warm_start.json")
 POINT = re.compile(r"^(?P<method>.+)_s(?P<seed>\d+)(?:_r(?P<repeat>\d+))?$")
 BLOCK = re.compile(r"(<!-- results: (?P<ref>[\w.-]+/[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.DOTALL)
 START = "start"  # the point name of the starting model evaluated without training
@@ -232,8 +234,9 @@ def store_run(run_dir: Path, folder: Path) -> Path:
     return dest
 
 
-def write_meta(folder: Path, root: Path, **fields) -> None:
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), **git_commit(root), "machine": machine(), **fields}
+def write_meta(folder: Path, root: Path, git: dict | None = None, **fields) -> None:
+    """``git``: the commit the runs used, read when they started (default: read now)."""
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), **(git or git_commit(root)), "machine": machine(), **fields}
     (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 

@@ -36,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # before scripts/bench, whose pipeline.py would shadow the package
 
-from pipeline.tools.results import (START, TEST_SPLIT, learning_tables, load_run, store_run,  # noqa: E402
-                                    write_meta, write_tables)
+from pipeline.tools.results import (START, TEST_SPLIT, git_commit, learning_tables, load_run,  # noqa: E402
+                                    store_run, write_meta, write_tables)
 
 # ALFWorld, SmolLM2 from its expert warm start (conf/experiment/alfworld_warm_start.yaml): 10
 # steps, validation before the first step and every 5 on 32 valid_seen tasks, valid_unseen once at
@@ -174,6 +174,7 @@ def main() -> None:
     plan = [(START, args.seeds[0], 1)] if preset.get("start") else []
     plan += [(m, s, 1) for s in args.seeds for m in methods]  # seed-major: an early stop keeps whole seeds
     plan += [(m, s, 2) for s in args.repeat_seeds for m in (args.repeat_methods or methods)]
+    git = git_commit(ROOT)  # the code the runs use (the tree may change while they run)
     dirs = [run_point(out, m, s, preset["overrides"] + per_method.get(m, []) + extra, args.keep_checkpoints, k)
             for m, s, k in plan]
     failed = [point_name(m, s, k) for (m, s, k), d in zip(plan, dirs) if d is None]
@@ -187,7 +188,7 @@ def main() -> None:
         for d in dirs:
             if d is not None:
                 store_run(d, folder)
-        write_meta(folder, ROOT, kind="learning", command=" ".join(["python", *sys.argv]), preset=args.preset,
+        write_meta(folder, ROOT, git, kind="learning", command=" ".join(["python", *sys.argv]), preset=args.preset,
                    overrides=preset["overrides"], method_overrides=per_method, extra_overrides=extra,
                    baseline="grpo", split=split, failed=failed)
         write_tables(folder, tables)
