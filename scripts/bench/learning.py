@@ -61,6 +61,18 @@ PRESETS = {
     # hint in its system message, warm_start.hint_placement=system: it answers at once), so that
     # the self-teachers (sdar_hints, hint_distill) act on the hint they are given; 8 steps,
     # validations at 0, 4 and 8.
+    # code_edit and WebShop from their clones (conf/experiment/code_edit_warm_start.yaml,
+    # webshop_warm_start.yaml): `--start-only` evaluates the clone itself on valid and test.
+    "code_edit_cpu": {
+        "methods": ["grpo"],
+        "start": True,
+        "overrides": ["+experiment=code_edit_warm_start", "trainer.ckpt_every=0", "logger.progress=false"],
+    },
+    "webshop_cpu": {
+        "methods": ["grpo"],
+        "start": True,
+        "overrides": ["+experiment=webshop_warm_start", "trainer.ckpt_every=0", "logger.progress=false"],
+    },
     "search_qa_hints_cpu": {
         "methods": ["grpo", "sdar_hints", "hint_distill"],
         "overrides": ["+experiment=search_qa_warm_start", "warm_start.hint_placement=system",
@@ -107,9 +119,10 @@ def run_point(out: Path, method: str, seed: int, overrides: list[str], keep_chec
     if (run_dir / "summary.json").exists():
         print(f"learning: {run_dir.name} finished earlier: skipped", flush=True)
         return run_dir
-    if method == START:  # the starting model: validation and the test split, no step
+    if method == START:  # the starting model: validation (unless the overrides turn it off) and the test split
+        explicit = [o for o in overrides if o.startswith("trainer.val_at_start=")][-1:]
         overrides = [o for o in overrides if not o.startswith(("trainer.total_steps=", "trainer.val_at_start="))]
-        overrides += ["trainer.total_steps=0", "trainer.val_at_start=true"]
+        overrides += ["trainer.total_steps=0", *(explicit or ["trainer.val_at_start=true"])]
     else:
         overrides = [f"method={method}", *overrides]
     cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), f"trainer.seed={seed}",
@@ -160,6 +173,7 @@ def main() -> None:
     ap.add_argument("--repeat-seeds", nargs="*", type=int, default=[],
                     help="seeds run a second time for every method (the same-seed spread)")
     ap.add_argument("--repeat-methods", nargs="*", help="methods of --repeat-seeds (default: every method)")
+    ap.add_argument("--start-only", action="store_true", help="evaluate the preset's starting model (its clone) only")
     ap.add_argument("--out", help="the runs' directory (default runs/learning/<preset>)")
     ap.add_argument("--results", help="also store the result folder here (e.g. docs/results/<name>)")
     ap.add_argument("--keep-checkpoints", action="store_true",
@@ -171,9 +185,10 @@ def main() -> None:
     methods = args.methods or preset["methods"]
     per_method = preset.get("method_overrides", {})
     split = preset.get("split", TEST_SPLIT)
-    plan = [(START, args.seeds[0], 1)] if preset.get("start") else []
-    plan += [(m, s, 1) for s in args.seeds for m in methods]  # seed-major: an early stop keeps whole seeds
-    plan += [(m, s, 2) for s in args.repeat_seeds for m in (args.repeat_methods or methods)]
+    plan = [(START, args.seeds[0], 1)] if preset.get("start") or args.start_only else []
+    if not args.start_only:
+        plan += [(m, s, 1) for s in args.seeds for m in methods]  # seed-major: an early stop keeps whole seeds
+        plan += [(m, s, 2) for s in args.repeat_seeds for m in (args.repeat_methods or methods)]
     git = git_commit(ROOT)  # the code the runs use (the tree may change while they run)
     dirs = [run_point(out, m, s, preset["overrides"] + per_method.get(m, []) + extra, args.keep_checkpoints, k)
             for m, s, k in plan]

@@ -142,3 +142,5 @@ def test_a_finished_point_loses_its_checkpoints_unless_kept_with_a_fake_train_pr
     start = calls[-1]
     assert "trainer.total_steps=8" not in start and start[-2:] == ["trainer.total_steps=0", "trainer.val_at_start=true"]
     assert not any(a.startswith("method=") for a in start)
+    bench.run_point(tmp_path, "start", 1, ["+experiment=x", "trainer.val_at_start=false"])
+    assert calls[-1][-2:] == ["trainer.total_steps=0", "trainer.val_at_start=false"]  # a test-only start
