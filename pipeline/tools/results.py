@@ -141,8 +141,8 @@ def learning_tables(runs: list[Run], baseline: str = "grpo", split: str = TEST_S
         rs = by_method[m]
         tests = [r.last(key) for r in rs]
         row = {"method": m, "runs": str(len(rs)),
-               f"{split} success": mean_interval([t for t in tests if t is not None]).text() if any(
-                   t is not None for t in tests) else ""}
+               f"{split} success": mean_interval([t for t in tests if t is not None]).clipped(0.0, 1.0).text()
+               if any(t is not None for t in tests) else ""}
         if m not in (baseline, START) and base:
             row.update(_paired_columns(baseline, rs, base, split))
         elif base:

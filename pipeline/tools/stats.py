@@ -37,6 +37,13 @@ class Interval:
     def excludes_zero(self) -> bool:
         return self.low is not None and (self.low > 0 or self.high < 0)
 
+    def clipped(self, low: float, high: float) -> "Interval":
+        """The interval cut to the range the quantity can take (a success rate's t interval can
+        reach past 1 when the seeds are close to it)."""
+        if self.low is None:
+            return self
+        return Interval(self.mean, max(self.low, low), min(self.high, high), self.n, self.p_value)
+
     def text(self, digits: int = 3) -> str:
         if self.low is None:
             return f"{self.mean:.{digits}f} (n={self.n})"

@@ -60,6 +60,8 @@ def test_the_intervals_are_the_t_intervals_of_their_closed_form():
     assert (d.mean, d.low, d.high) == pytest.approx((0.125, 0.125 - half, 0.125 + half))
     assert not d.excludes_zero() and 0.0 < d.p_value < 1.0
     assert mean_interval([0.5]).text() == "0.500 (n=1)"
+    near_one = mean_interval([0.9, 1.0]).clipped(0.0, 1.0)
+    assert near_one.high == 1.0 and near_one.low == pytest.approx(0.95 - T_975[1] * 0.05)
     same = paired_interval([0.6, 0.7], [0.5, 0.6])
     assert (same.low, same.high) == pytest.approx((0.1, 0.1)) and same.excludes_zero()
 
