@@ -9,7 +9,8 @@ A result folder ``docs/results/<name>/`` holds what a reader needs to recompute 
   ``warm_start.json`` (the clone it started from: rows, NLL per epoch, seconds) and ``outcomes/``
   (one line per validation task: ``pipeline.orchestration.logging.OutcomeLog``); checkpoints are
   never kept;
-- ``table.json`` / ``table.md`` (and ``repeats.json`` / ``repeats.md`` when a seed was run twice):
+- ``table.json`` / ``table.md``, ``pairs.json`` / ``pairs.md`` (and ``repeats.json`` / ``repeats.md``
+  when a seed was run twice):
   computed from ``runs/`` by ``learning_tables``, never edited by hand.
 
 A doc quotes a table between ``<!-- results: <name>/<table> -->`` and ``<!-- /results -->``;
@@ -125,8 +126,9 @@ def _paired_columns(name: str, runs: list[Run], base: dict[int, Run], split: str
 
 
 def learning_tables(runs: list[Run], baseline: str = "grpo", split: str = TEST_SPLIT) -> dict[str, list[dict]]:
-    """``table``: one row per method (first runs of each seed only); ``repeats``: the seeds run
-    twice, beside the spread over seeds. ``split``: the split evaluated once at the end
+    """``table``: one row per method (first runs of each seed only); ``pairs``: the seed-paired
+    test difference of every two trained methods; ``repeats``: the seeds run twice, beside the
+    spread over seeds. ``split``: the split evaluated once at the end
     (``trainer.final_val_splits``). Every cell is a string, formatted here once."""
     key = f"final/{split}/success"
     first = [r for r in runs if r.repeat == 1]
@@ -164,6 +166,14 @@ def learning_tables(runs: list[Run], baseline: str = "grpo", split: str = TEST_S
         row["distill KL"] = _fmt(_mean([_suffix_mean(r, "/kl") for r in rs]), 4)
         row["minutes per run"] = _fmt(_mean([r.seconds / 60 if r.seconds else None for r in rs]), 1)
         table.append(row)
+    pairs = []  # every two methods trained at the same seeds, the later in the table minus the earlier
+    trained = [m for m in methods if m != START]
+    for i, b in enumerate(trained):
+        for a in trained[i + 1:]:
+            cols = _paired_columns("b", by_method[a], {r.seed: r for r in by_method[b]}, split)
+            if cols["test - b"]:
+                pairs.append({"a": a, "b": b, f"{split}: a - b": cols["test - b"],
+                              "by task": cols["test - b, by task"], "seeds +/=/-": cols["seeds +/=/- b"]})
     repeats = []
     for r2 in (r for r in runs if r.repeat > 1):
         r1 = next((r for r in first if r.method == r2.method and r.seed == r2.seed), None)
@@ -174,7 +184,7 @@ def learning_tables(runs: list[Run], baseline: str = "grpo", split: str = TEST_S
         repeats.append({"method": r2.method, "seed": str(r2.seed), "test, run 1": _fmt(t1),
                         f"test, run {r2.repeat}": _fmt(t2), "same-seed difference": _fmt(abs(t1 - t2)),
                         "std over seeds": _fmt(statistics.stdev(seeds)) if len(seeds) > 1 else ""})
-    return {"table": table, "repeats": repeats}
+    return {"table": table, "pairs": pairs, "repeats": repeats}
 
 
 def _suffix_mean(run: Run, suffix: str) -> float | None:

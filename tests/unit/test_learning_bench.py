@@ -93,6 +93,9 @@ def test_the_table_reads_the_test_split_pairs_seeds_and_keeps_repeats_apart(tmp_
     assert by["hint_distill"]["teacher |gap|"] == "0.600" and by["hint_distill"]["noise |gap|"] == "0.100"
     assert by["hint_distill"]["distill KL"] == "0.0300"
     assert by["grpo"]["valid: start -> end"] == "0.200 -> 0.500"
+    [pair] = tables["pairs"]
+    assert (pair["a"], pair["b"], pair["seeds +/=/-"]) == ("hint_distill", "grpo", "2/0/0")
+    assert pair["test: a - b"] == by["hint_distill"]["test - grpo"]
     [rep] = tables["repeats"]
     assert rep["method"] == "grpo" and rep["test, run 1"] == "0.500" and rep["test, run 2"] == "0.250"
     assert rep["same-seed difference"] == "0.250" and rep["std over seeds"] == "0.177"
