@@ -9,8 +9,8 @@ A result folder ``docs/results/<name>/`` holds what a reader needs to recompute 
   ``warm_start.json`` (the clone it started from: rows, NLL per epoch, seconds) and ``outcomes/``
   (one line per validation task: ``pipeline.orchestration.logging.OutcomeLog``); checkpoints are
   never kept;
-- ``table.json`` / ``table.md``, ``pairs.json`` / ``pairs.md`` (and ``repeats.json`` / ``repeats.md``
-  when a seed was run twice):
+- ``table``, ``summary`` (its headline columns), ``pairs`` and, when a seed was run twice,
+  ``repeats``, each as ``.json`` and ``.md``:
   computed from ``runs/`` by ``learning_tables``, never edited by hand.
 
 A doc quotes a table between ``<!-- results: <name>/<table> -->`` and ``<!-- /results -->``;
@@ -114,7 +114,8 @@ def _paired_columns(name: str, runs: list[Run], base: dict[int, Run], split: str
     if not ok:
         return {f"test - {name}": "", f"test - {name}, by task": "", f"seeds +/=/- {name}": ""}
     d = paired_interval([x for x, *_ in ok], [y for _, y, *_ in ok])
-    p = "" if d.p_value is None else f" p={d.p_value:.2f}"
+    p = "" if d.p_value is None else (" p<0.001" if d.p_value < 0.001 else f" p={d.p_value:.3f}" if d.p_value < 0.01
+                                      else f" p={d.p_value:.2f}")
     oa = [r.test_outcomes(split) for *_, r, _ in ok]
     ob = [s.test_outcomes(split) for *_, s in ok]
     by_task = ""
@@ -126,7 +127,8 @@ def _paired_columns(name: str, runs: list[Run], base: dict[int, Run], split: str
 
 
 def learning_tables(runs: list[Run], baseline: str = "grpo", split: str = TEST_SPLIT) -> dict[str, list[dict]]:
-    """``table``: one row per method (first runs of each seed only); ``pairs``: the seed-paired
+    """``table``: one row per method (first runs of each seed only), ``summary`` its headline
+    columns; ``pairs``: the seed-paired
     test difference of every two trained methods; ``repeats``: the seeds run twice, beside the
     spread over seeds. ``split``: the split evaluated once at the end
     (``trainer.final_val_splits``). Every cell is a string, formatted here once."""
@@ -184,7 +186,9 @@ def learning_tables(runs: list[Run], baseline: str = "grpo", split: str = TEST_S
         repeats.append({"method": r2.method, "seed": str(r2.seed), "test, run 1": _fmt(t1),
                         f"test, run {r2.repeat}": _fmt(t2), "same-seed difference": _fmt(abs(t1 - t2)),
                         "std over seeds": _fmt(statistics.stdev(seeds)) if len(seeds) > 1 else ""})
-    return {"table": table, "pairs": pairs, "repeats": repeats}
+    keep = ("method", "runs", f"{split} success", f"test - {baseline}", f"seeds +/=/- {baseline}", f"test - {START}")
+    summary = [{k: v for k, v in row.items() if k in keep} for row in table]
+    return {"table": table, "summary": summary, "pairs": pairs, "repeats": repeats}
 
 
 def _suffix_mean(run: Run, suffix: str) -> float | None:

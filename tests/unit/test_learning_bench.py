@@ -93,6 +93,8 @@ def test_the_table_reads_the_test_split_pairs_seeds_and_keeps_repeats_apart(tmp_
     assert by["hint_distill"]["teacher |gap|"] == "0.600" and by["hint_distill"]["noise |gap|"] == "0.100"
     assert by["hint_distill"]["distill KL"] == "0.0300"
     assert by["grpo"]["valid: start -> end"] == "0.200 -> 0.500"
+    assert [list(r) for r in tables["summary"]][1] == ["method", "runs", "test success", "test - grpo",
+                                                       "seeds +/=/- grpo", "test - start"]
     [pair] = tables["pairs"]
     assert (pair["a"], pair["b"], pair["seeds +/=/-"]) == ("hint_distill", "grpo", "2/0/0")
     assert pair["test: a - b"] == by["hint_distill"]["test - grpo"]
