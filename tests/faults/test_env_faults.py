@@ -37,3 +37,34 @@ def test_an_env_that_raises_or_hangs_fails_only_its_episode_and_the_worker_goes_
     finally:
         HANG.set()
         worker.close()
+
+
+def test_a_training_task_whose_env_always_fails_is_replayed_then_stops_the_real_run(ray_local, tmp_path):
+    """A real run (Ray actors, DeepSpeed learner, tiny model) on ALFWorld's real engine whose one
+    training game file is corrupted after generation: every episode of each group ends in an env
+    error, so no group reaches the learner (an env's failure is not the policy's); the task is
+    played again, counted, and after MAX_ENV_ERROR_REPLAYS the run stops naming the error."""
+    import json
+
+    from envs import make_env
+    from pipeline.orchestration.controller import MAX_ENV_ERROR_REPLAYS
+    from pipeline.orchestration.run import run_training
+    from pipeline.tools.cli import compose
+
+    games = tmp_path / "games"
+    opts = {"max_receptacles": 6, "max_objects": 6, "n_tasks": 1, "max_turns": 2, "cache_dir": str(games)}
+    env = make_env("alfworld", opts, split="train")
+    env.reset(0)  # generates (and caches) the one training game
+    env.close()
+    [game] = list(games.rglob("game.tw-pddl"))
+    game.write_text("{ this is not a game")
+    cfg = compose(["model=tiny", "env=alfworld", "env.options.max_receptacles=6", "env.options.max_objects=6",
+                   "env.options.n_tasks=1", "env.options.max_turns=2", f"+env.options.cache_dir={games}",
+                   "rollout.max_new_tokens=8", "rollout.group_size=2", "trainer.groups_per_step=1",
+                   "trainer.total_steps=2", "trainer.val_every=0", "trainer.ckpt_every=0", "logger.progress=false"])
+    with pytest.raises(Exception, match=r"every episode of training task \d+ ended in an env error"):
+        run_training(cfg, tmp_path / "run")
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    errors = [e for e in events if e["event"] == "env_error"]
+    assert len(errors) == MAX_ENV_ERROR_REPLAYS and all(e["kept"] == 0 and e["episodes"] == 2 for e in errors)
+    assert "env reset" in errors[0]["error"]
