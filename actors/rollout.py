@@ -179,7 +179,7 @@ class RolloutWorker:
         """The hinted expert's episode of the task, under the student's own prompts (no hint in
         them), if it won; [] when it lost, the task has no hint, or the env failed (an env error
         or a timeout costs the step one demonstration, never the group)."""
-        from pipeline.orchestration.warm_start import expert_episode
+        from pipeline.context.expert import expert_episode
 
         def play():
             env = make_env(self.env_cfg.name, self.env_cfg.options, split)

@@ -57,10 +57,6 @@ PRESETS = {
         "start": True,
         "overrides": ["+experiment=search_qa_warm_start", "trainer.ckpt_every=0", "logger.progress=false"],
     },
-    # The same, from a clone that also played each question as the expert told the answer (the
-    # hint in its system message, warm_start.hint_placement=system: it answers at once), so that
-    # the self-teachers (sdar_hints, hint_distill) act on the hint they are given; 8 steps,
-    # validations at 0, 4 and 8.
     # code_edit and WebShop from their clones (conf/experiment/code_edit_warm_start.yaml,
     # webshop_warm_start.yaml): `--start-only` evaluates the clone itself on valid and test.
     "code_edit_cpu": {
@@ -73,6 +69,10 @@ PRESETS = {
         "start": True,
         "overrides": ["+experiment=webshop_warm_start", "trainer.ckpt_every=0", "logger.progress=false"],
     },
+    # The same, from a clone that also played each question as the expert told the answer (the
+    # hint in its system message, warm_start.hint_placement=system: it answers at once), so that
+    # the self-teachers (sdar_hints, hint_distill) act on the hint they are given; 8 steps,
+    # validations at 0, 4 and 8.
     "search_qa_hints_cpu": {
         "methods": ["grpo", "sdar_hints", "hint_distill"],
         "overrides": ["+experiment=search_qa_warm_start", "warm_start.hint_placement=system",
