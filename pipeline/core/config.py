@@ -150,6 +150,11 @@ class TrainerConfig:
     final_val_splits: list[str] = field(default_factory=list)
     ckpt_every: int = 10  # 0 = only the final checkpoint
     keep_checkpoints: int = 2
+    # Seconds from SIGTERM to SIGKILL that the run may count on (`ray job stop`'s
+    # RAY_JOB_STOP_WAIT_TIME_S, a preemption notice): the step in progress is finished only if it
+    # can still be checkpointed within them, else abandoned and the last completed step saved
+    # (pipeline/orchestration/stopping.py). Validations are skipped once SIGTERM came.
+    stop_grace_s: float = 30.0
     # Training steps in a row whose update was discarded for non-finite gradients that stop the
     # run, with a checkpoint and a message (0: never stop).
     max_skipped_steps: int = 3
@@ -323,6 +328,7 @@ def validate(cfg: PrivyConfig) -> None:
     _require(t.val_every >= 0, f"trainer.val_every={t.val_every} must be >= 0 (0 = never)")
     _require(t.ckpt_every >= 0, f"trainer.ckpt_every={t.ckpt_every} must be >= 0 (0 = only the final checkpoint)")
     _require(t.keep_checkpoints >= 1, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 1")
+    _require(t.stop_grace_s > 0, f"trainer.stop_grace_s={t.stop_grace_s} must be > 0 (seconds from SIGTERM to SIGKILL)")
     _require(t.val_tasks >= 1 or not (t.val_every or t.val_at_start or t.final_val_splits),
              "trainer.val_tasks must be >= 1 when validating")
     v = r.vllm

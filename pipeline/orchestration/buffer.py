@@ -29,6 +29,7 @@ the mean success, turns per episode and rollout seconds, so a bias towards fast 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -105,6 +106,8 @@ class GroupBuffer:
         self._done: dict[int, EpisodeGroup] = {}  # complete, by ticket index
         self.stats = BufferStats()
         self._cond = asyncio.Condition()
+        self._taken: list[tuple[Ticket, EpisodeGroup]] = []  # the last take, until given back
+        self._before_take: tuple = ()  # the counters only take changes, as they were before it
 
     # ----- admission -----------------------------------------------------------------------------
     def may_start(self) -> bool:
@@ -175,23 +178,40 @@ class GroupBuffer:
 
     async def take(self, n: int, learner_version: int) -> list[EpisodeGroup]:
         """Wait for the ``n`` groups the schedule trains at step ``learner_version`` and remove them."""
+        self._taken = []  # a take cancelled while it waits has nothing to give back
         async with self._cond:
             waited = False
             while (chosen := self._choose(n, learner_version)) is None:
                 waited = waited or any(t.deadline <= learner_version and t.index not in self._done
                                        for t in self._pending.values())
                 await self._cond.wait()
+            st = self.stats
+            self._before_take = (st.consumed, st.waited_for_due, Counter(st.lag_hist), dataclasses.replace(st.trained))
             self.stats.waited_for_due += waited
             out = []
             for i in chosen:
                 group = self._done.pop(i)
-                del self._pending[i]
+                self._taken.append((self._pending.pop(i), group))
                 self.stats.lag_hist[learner_version - group.min_version] += 1
                 self.stats.trained.add(group)
                 out.append(group)
             self.stats.consumed += len(out)
             self._cond.notify_all()
         return out
+
+    async def give_back(self) -> int:
+        """Undo the last ``take``: its groups are complete and unconsumed again, with their tickets
+        and the counters as they were, so a checkpoint keeps them (a step abandoned before its
+        update, ``pipeline/orchestration/stopping.py``). Returns how many came back."""
+        async with self._cond:
+            taken, self._taken = self._taken, []
+            for ticket, group in taken:
+                self._pending[ticket.index], self._done[ticket.index] = ticket, group
+            if taken:
+                st = self.stats
+                st.consumed, st.waited_for_due, st.lag_hist, st.trained = self._before_take
+            self._cond.notify_all()
+        return len(taken)
 
     def __len__(self) -> int:
         return len(self._done)

@@ -11,7 +11,8 @@
 
 Stopping (Ctrl-C, ``request_stop``): the train loop finishes the step it is in (the rollout loops
 keep playing the groups it waits for), checkpoints and returns; a second request aborts at once
-(``run`` raises ``Aborted``). The rollout loops end only when the train loop has ended, or by
+(``run`` raises ``Aborted``). A stop with a deadline (SIGTERM) skips validations and abandons the
+step in progress when it could not be checkpointed in time (``pipeline/orchestration/stopping.py``). The rollout loops end only when the train loop has ended, or by
 raising.
 
 The controller talks to workers through small handles (``actors.handles``), so the same loops drive
@@ -38,6 +39,7 @@ from pipeline.distributed.weight_sync import WeightSyncError
 from pipeline.orchestration.batches import build_train_batch, drop_silent_rows, minibatch_bounds, rows_of
 from pipeline.orchestration.buffer import GroupBuffer
 from pipeline.orchestration.logging import EventLog, OutcomeLog
+from pipeline.orchestration.stopping import StopRequest
 
 
 class Aborted(Exception):
@@ -97,7 +99,12 @@ class Controller:
         self._retry = list(self.state.in_flight)  # groups lost in flight at the last checkpoint
         self._env_error_streak: dict[int, int] = {}  # task index -> groups in a row the env failed whole
         self.state.in_flight = []
-        self._stop = asyncio.Event()
+        self._stop = StopRequest()
+        self._committed = False  # the step in progress has begun its update: it can no longer be abandoned
+        self._checkpoint_s: float | None = None  # the last save's seconds, what a deadline keeps for the next
+        self._saved_step: int | None = None
+        self.abandoned_step: int | None = None  # a step given up for a stop deadline
+        self.final_skipped = False  # the last step ended under a stop deadline: no final validation
         self._sync_lock = asyncio.Lock()  # a training step and its publish vs a weight-group re-form
         self._trainer: asyncio.Task | None = None
         self._n_playing, self._busy_mark = 0, time.time()
@@ -115,10 +122,11 @@ class Controller:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def request_stop(self) -> None:
-        """First call: finish the current step, checkpoint, return (Ctrl-C). Second: abort now."""
+    def request_stop(self, deadline: float | None = None) -> None:
+        """First call: finish the current step, checkpoint, return (Ctrl-C); with a ``deadline``
+        (``time.monotonic()``, SIGTERM) the checkpoint is saved by then. Second: abort now."""
         if not self._stop.is_set():
-            self._stop.set()
+            self._stop.set(deadline)
             return
         self.aborted = True
         if self._trainer is not None:
@@ -307,18 +315,23 @@ class Controller:
             if self.progress is not None:
                 self.progress(0, metrics)
         while self.state.step < t.total_steps and not self._stop.is_set():
-            metrics = await self._train_step()
+            metrics = await self._step_unless_out_of_time()
+            if metrics is None:
+                await self._keep_last_step()
+                return
             step = self.state.step
             halt = self._count_skip(step, metrics)
-            if t.val_every and (step % t.val_every == 0 or step == t.total_steps) and not halt:
+            hurry = self._stop.deadline is not None  # a validation could outlast the grace
+            if t.val_every and (step % t.val_every == 0 or step == t.total_steps) and not halt and not hurry:
                 metrics.update(await self._validate(step))
             if step == t.total_steps and not halt:
-                metrics.update(await self._final_validation(step))
+                if hurry:
+                    self.final_skipped = True
+                else:
+                    metrics.update(await self._final_validation(step))
             due = (t.ckpt_every and step % t.ckpt_every == 0) or step == t.total_steps
             if self.checkpointer is not None and (due or halt or self._stop.is_set()):
-                tc = time.time()
-                await self.checkpointer.save(self, step)
-                metrics["time/checkpoint_s"] = time.time() - tc
+                metrics["time/checkpoint_s"] = await self._save(step)
             # New groups may start only now: at lag 0 nothing is in flight at the checkpoint.
             if step < t.total_steps and not self._stop.is_set():
                 await self.buffer.set_synced_version(step)
@@ -332,6 +345,36 @@ class Controller:
                     f"stopping the run: {self.state.skipped_streak} training steps in a row (up to step {step}) "
                     f"had non-finite losses or gradients, so their updates were discarded{where}; lower "
                     f"learner.lr or check the rewards, then resume with trainer.resume=RUN_DIR")
+
+    async def _save(self, step: int) -> float:
+        tc = time.time()
+        await self.checkpointer.save(self, step)
+        self._checkpoint_s = time.time() - tc
+        self._saved_step = step
+        return self._checkpoint_s
+
+    async def _step_unless_out_of_time(self) -> dict[str, float] | None:
+        """The next training step's metrics, or None when a stop deadline made it give up before
+        its update (its groups are back in the buffer)."""
+        self._committed = False
+        step = asyncio.create_task(self._train_step(), name="train step")
+        # keep for the checkpoint what the last one took, with a margin; unmeasured: half the grace
+        reserve = (lambda: 1.5 * self._checkpoint_s + 1.0 if self._checkpoint_s is not None
+                   else 0.5 * self.cfg.trainer.stop_grace_s)
+        if await self._stop.finish_or_abandon(step, lambda: self._committed, reserve):
+            return step.result()
+        self.abandoned_step = self.state.step + 1
+        back = await self.buffer.give_back()
+        self.events.record("step_abandoned", step=self.abandoned_step, groups_given_back=back,
+                           reason=f"it could not finish and be checkpointed within trainer.stop_grace_s="
+                                  f"{self.cfg.trainer.stop_grace_s:g}")
+        return None
+
+    async def _keep_last_step(self) -> None:
+        """After an abandoned step: checkpoint the last completed step unless it already is."""
+        step = self.state.step
+        if self.checkpointer is not None and step > 0 and self._saved_step != step:
+            await self._save(step)
 
     async def _checkpoint_after_failed_sync(self, version: int) -> str:
         """Save step ``version`` (trained, not published); says where to resume from. Bounded: a
@@ -377,6 +420,7 @@ class Controller:
                                for e in g.episodes for r in e.turns) else await self._score(g) for g in groups]
             metrics.update(teacher_metrics(groups, self.scorer.wants_weights))
         t2 = time.time()
+        self._committed = True  # from here the step changes the method's and the learner's state
         self.method.observe(groups)  # e.g. the skills offered to these episodes and their rewards (UCB)
         credit = self.method.credit(groups, step)
         rows = rows_of(groups)

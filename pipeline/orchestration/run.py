@@ -316,20 +316,32 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
         # Rollout workers (and a self-teacher) start from the initial weights: sync them first.
         asyncio.run(learner.publish(start_step, workers, scorer))
 
-    def on_sigint() -> None:
+    def on_signal(signum: int) -> None:
+        name = signal.Signals(signum).name
         if controller.stopping:
-            print("privy-rl: second Ctrl-C: aborting now", file=sys.stderr, flush=True)
+            print(f"privy-rl: second stop request ({name}): aborting now", file=sys.stderr, flush=True)
+            controller.request_stop()
+        elif signum == signal.SIGTERM:  # a cluster's stop: SIGKILL follows after its grace
+            grace = cfg.trainer.stop_grace_s
+            print(f"privy-rl: SIGTERM: finishing step {controller.state.step + 1} if it can be checkpointed "
+                  f"within trainer.stop_grace_s={grace:g}, else keeping step {controller.state.step}; no more "
+                  "validation", file=sys.stderr, flush=True)
+            controller.request_stop(deadline=time.monotonic() + grace)
         else:
             print(f"privy-rl: Ctrl-C: finishing step {controller.state.step + 1}, then saving a checkpoint "
                   "(Ctrl-C again aborts at once)", file=sys.stderr, flush=True)
-        controller.request_stop()
+            controller.request_stop()
+        stopped_by.append(signum)
+
+    stopped_by: list[int] = []
 
     async def main():
         loop = asyncio.get_running_loop()
-        try:
-            loop.add_signal_handler(signal.SIGINT, on_sigint)
-        except (NotImplementedError, RuntimeError):  # not the main thread (e.g. under a test runner)
-            pass
+        for signum in (signal.SIGINT, signal.SIGTERM):  # replaces Ray's SIGTERM handler (an exit at once)
+            try:
+                loop.add_signal_handler(signum, on_signal, signum)
+            except (NotImplementedError, RuntimeError):  # not the main thread (e.g. under a test runner)
+                pass
         return await controller.run()
 
     t0 = time.time()
@@ -343,14 +355,26 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     summary = {"steps": controller.state.step, "seconds": time.time() - t0,
                "first": history[0] if history else {}, "last": history[-1] if history else {}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
-    if controller.stopping and controller.state.step < cfg.trainer.total_steps:
-        raise RunStopped(f"stopped after step {controller.state.step} of {cfg.trainer.total_steps}; "
-                         f"checkpoint saved; continue with trainer.resume={run_dir}")
+    if controller.stopping and (controller.state.step < cfg.trainer.total_steps or controller.final_skipped):
+        step, signum = controller.state.step, (stopped_by or [signal.SIGINT])[0]
+        if controller.final_skipped:
+            then = (f"checkpoint saved; the final validation was skipped: evaluate {run_dir}/checkpoints/"
+                    f"step_{step:06d}/hf with trainer.total_steps=0 model=hf_path model.path=...")
+        elif step == 0:
+            then = "no step was trained, nothing to save: start the run again"
+        else:
+            then = f"checkpoint saved; continue with trainer.resume={run_dir}"
+        raise RunStopped(f"stopped after step {step} of {cfg.trainer.total_steps}; {then}", signum=signum)
     return history
 
 
 class RunStopped(KeyboardInterrupt):
-    """The run stopped early on request (Ctrl-C) after checkpointing; the message says how to resume."""
+    """The run stopped early on request (Ctrl-C, SIGTERM) after checkpointing; the message says how
+    to resume. ``signum``: the signal that asked (the process exits with 128 + it)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.signum = int(signum)
 
 
 def init_weight_sync(cfg: PrivyConfig, learner, workers: list, scorer, actors: list) -> None:

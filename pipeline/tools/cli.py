@@ -43,12 +43,13 @@ def _fail(kind: str, err: BaseException, point=None) -> None:
     sys.exit(2 if kind == "config error" else 1)
 
 
-def _stop(point, sweep_dir: str) -> None:
-    """Ctrl-C ends a sweep too; rerunning it into the same dir resumes this point."""
+def _stop(point, sweep_dir: str, signum: int = 2) -> None:
+    """Ctrl-C (or SIGTERM) ends a sweep too; rerunning it into the same dir resumes this point. The
+    exit status is the shell's for the signal: 130 for SIGINT, 143 for SIGTERM."""
     if point is not None:
         point.end("stopped")
         print(f"privy-rl: to continue the sweep, rerun it with hydra.sweep.dir={sweep_dir}", file=sys.stderr)
-    sys.exit(130)
+    sys.exit(128 + signum)
 
 
 def train_from_hydra(dcfg) -> None:
@@ -79,7 +80,7 @@ def train_from_hydra(dcfg) -> None:
         _fail("missing file", e, point)
     except RunStopped as e:
         print(f"privy-rl: {e}", file=sys.stderr)
-        _stop(point, hc.sweep.dir)
+        _stop(point, hc.sweep.dir, e.signum)
     except (Aborted, KeyboardInterrupt) as e:
         print(f"privy-rl: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         _stop(point, hc.sweep.dir)

@@ -100,6 +100,49 @@ def test_submit_runs_a_multirun_sweep_in_one_job(ray_cluster, tmp_path):
     assert len(list(runs.glob("multirun/*/*/sweep_summary.md"))) == 1
 
 
+def test_ray_job_stop_leaves_a_checkpoint_of_the_last_completed_step(ray_cluster, tmp_path):
+    """`ray job stop` sends SIGTERM and SIGKILL RAY_JOB_STOP_WAIT_TIME_S later (3 s by default, left
+    as it is): with trainer.stop_grace_s=3 the run saves the last completed step in time."""
+    import requests
+
+    url = ray_cluster
+    run_dir = tmp_path / "run"
+    sid = f"privy-test-{uuid.uuid4().hex[:8]}"
+    overrides = ["model=tiny", "env=keyword", "trainer.total_steps=500", "trainer.val_every=0",
+                 "trainer.ckpt_every=0", "rollout.max_new_tokens=48", "rollout.group_size=8",
+                 "trainer.groups_per_step=2", f"trainer.run_dir={run_dir}", "logger.progress=false",
+                 "trainer.stop_grace_s=3"]
+    res = subprocess.run(["bash", str(SUBMIT), "--address", url, "--submission-id", sid, "--no-wait",
+                          "--runs-dir", str(tmp_path / "runs"), *overrides], env=cluster_env(), capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    metrics = run_dir / "metrics.jsonl"
+    t0 = time.time()
+    try:
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert time.time() - t0 < JOB_TIMEOUT, _job(url, "logs", sid).stdout[-4000:]
+            status = requests.get(f"{url}/api/jobs/{sid}", timeout=30).json()["status"]
+            assert status in ("PENDING", "RUNNING"), (status, _job(url, "logs", sid).stdout[-4000:])
+            time.sleep(0.5)
+    except BaseException:
+        _job(url, "stop", sid)
+        raise
+    t1 = time.time()
+    stop = _job(url, "stop", sid, timeout=120)
+    TIMINGS["job_stop"] = time.time() - t1
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    while requests.get(f"{url}/api/jobs/{sid}", timeout=30).json()["status"] not in ("STOPPED", "FAILED", "SUCCEEDED"):
+        time.sleep(0.5)
+    logs = _job(url, "logs", sid).stdout
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1))
+    latest = run_dir / "checkpoints" / "latest"
+    assert latest.exists(), logs[-4000:]
+    assert latest.read_text().strip() == f"step_{steps[-1]:06d}"
+    assert (run_dir / "checkpoints" / latest.read_text().strip() / "controller.pt").exists()
+    assert "privy-rl: SIGTERM" in logs and f"trainer.resume={run_dir}" in logs, logs[-4000:]
+
+
 def test_submit_dry_run_quotes_overrides_and_sets_the_env(tmp_path):
     res = subprocess.run(["bash", str(SUBMIT), "--dry-run", "--gpu", "--address", "127.0.0.1:8265",
                           "--no-wait", "--env", "FOO=bar", "method=sdar",
