@@ -163,7 +163,10 @@ class TrainerConfig:
     # (orchestration/batches.py, drop_silent_rows). The entropy bonus then covers the kept rows.
     skip_zero_advantage_rows: bool = False
     seed: int = 0
-    resume: str | None = None  # a checkpoint dir (…/checkpoints/step_N) or a run dir (latest)
+    # A checkpoint dir (…/checkpoints/step_N), a run dir (its latest), or "auto": continue from the
+    # newest complete checkpoint in trainer.run_dir if there is one, else start fresh (a job a
+    # scheduler starts again after a preemption or a node loss).
+    resume: str | None = None
     run_dir: str | None = None  # default: Hydra's output directory
 
 
@@ -328,6 +331,9 @@ def validate(cfg: PrivyConfig) -> None:
     _require(t.val_every >= 0, f"trainer.val_every={t.val_every} must be >= 0 (0 = never)")
     _require(t.ckpt_every >= 0, f"trainer.ckpt_every={t.ckpt_every} must be >= 0 (0 = only the final checkpoint)")
     _require(t.keep_checkpoints >= 1, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 1")
+    _require(t.resume != "auto" or bool(t.run_dir),
+             "trainer.resume=auto needs trainer.run_dir: a fixed directory the job finds again when it is started "
+             "again (the default run dir is a new timestamp each time)")
     _require(t.stop_grace_s > 0, f"trainer.stop_grace_s={t.stop_grace_s} must be > 0 (seconds from SIGTERM to SIGKILL)")
     _require(t.val_tasks >= 1 or not (t.val_every or t.val_at_start or t.final_val_splits),
              "trainer.val_tasks must be >= 1 when validating")

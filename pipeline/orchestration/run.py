@@ -271,6 +271,8 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     method, _ = check_launch(cfg)
+    if cfg.trainer.resume == "auto":
+        cfg.trainer.resume = _auto_resume(method, run_dir)
     if cfg.trainer.resume:  # may first finish a first phase that died, then start this one fresh
         resume = _resume_phases(cfg, method, run_dir)
     else:
@@ -284,6 +286,7 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
             raise ConfigError(str(e)) from None
         resume_state = load_state(ckpt)
         method.load_state_dict(resume_state["method"])  # before the actors: it may name a teacher
+        supersede_metrics(run_dir, resume_state["controller"]["step"])
     model_path = str(resolve_model(cfg.model.path or cfg.model.name, cache_dir=cfg.model.cache_dir))
     check_model(cfg, model_path)
     if cfg.warm_start.enabled:  # built once per config, then read from the cache
@@ -439,6 +442,44 @@ def _resume_phases(cfg: PrivyConfig, method, run_dir: Path) -> str | None:
 
 
 PHASE1_DIR = "phase1_teacher"
+
+
+def _auto_resume(method, run_dir: Path) -> str | None:
+    """``trainer.resume=auto``: the run dir when it holds a complete checkpoint (or, for a method
+    with a first phase, that phase's directory), else None: a fresh start, whose old metrics
+    (a run that died before its first checkpoint) are set aside. Says which on stderr."""
+    from pipeline.orchestration.checkpoint import resolve_checkpoint
+
+    try:
+        found = str(resolve_checkpoint(run_dir))
+    except FileNotFoundError:
+        found = str(run_dir / PHASE1_DIR) if method.prerequisite() is not None and (run_dir / PHASE1_DIR).is_dir() else None
+    if found is None:
+        print(f"privy-rl: trainer.resume=auto: no checkpoint in {run_dir}: starting fresh", file=sys.stderr, flush=True)
+        supersede_metrics(run_dir, -1)
+        return None
+    print(f"privy-rl: trainer.resume=auto: continuing from {found}", file=sys.stderr, flush=True)
+    return str(run_dir)
+
+
+def supersede_metrics(run_dir: Path, step: int) -> None:
+    """A resumed run trains again the steps after its checkpoint's ``step``: their lines move from
+    metrics.jsonl to metrics.superseded.jsonl (kept, never mixed with the steps that count), so
+    metrics.jsonl holds each step once, as an uninterrupted run's does."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return
+    keep, drop = [], []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            (keep if json.loads(line).get("step", 0) <= step else drop).append(line)
+    if not drop:
+        return
+    with open(run_dir / "metrics.superseded.jsonl", "a") as f:
+        f.write("".join(x + "\n" for x in drop))
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, path)
 
 
 def _run_prerequisite(cfg: PrivyConfig, method, run_dir: Path, resume_from: Path | None = None) -> None:
