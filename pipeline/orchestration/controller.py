@@ -142,6 +142,8 @@ class Controller:
         try:
             done, _ = await asyncio.wait([trainer, *rollouts], return_when=asyncio.FIRST_COMPLETED)
             for task in done:  # a rollout loop only ends by raising; the trainer when done or stopped
+                if task is not trainer and not task.cancelled() and task.exception() is not None:
+                    await self._save_after_rollout_failure(trainer, task.exception())
                 if not (task is trainer and self.aborted):
                     task.result()
         finally:
@@ -149,6 +151,21 @@ class Controller:
         if self.aborted:
             raise Aborted(f"aborted during step {self.state.step + 1} (a second stop request)")
         return self.history
+
+    async def _save_after_rollout_failure(self, trainer: asyncio.Task, error: BaseException) -> None:
+        """A rollout loop failed for good (a worker Ray will not restart, an env that always
+        fails): the learner is fine, so the train loop stops at once, as on a stop deadline
+        (the step in progress is abandoned unless its update began) and checkpoints the last
+        completed step; the error then says where to resume. Bounded by the learner's own timeout."""
+        if self.checkpointer is None or trainer.done():
+            return
+        self.request_stop(deadline=time.monotonic())
+        limit = self.cfg.learner.call_timeout_s or None
+        done, _ = await asyncio.wait([trainer], timeout=limit and 2 * limit + 60)
+        if trainer in done and not trainer.cancelled() and trainer.exception() is None and self.state.step:
+            root = getattr(self.checkpointer, "root", None)  # RUN/checkpoints
+            error.args = (f"{first_line(error)}; checkpoint at step {self.state.step}: resume with "
+                          f"trainer.resume={root.parent if root is not None else 'RUN_DIR'}",)
 
     def _next_task_index(self) -> int:
         if self._retry:

@@ -136,3 +136,25 @@ def test_with_the_collective_weight_sync_a_dead_worker_rejoins_a_new_weight_grou
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     kinds = [(e["event"], e.get("actor")) for e in events if e["event"] in ("restart", "weight_group_reformed")]
     assert kinds == [("restart", "rollout worker 0"), ("weight_group_reformed", "rollout worker 0")], events
+
+
+def test_a_worker_killed_with_no_restarts_left_stops_the_run_with_a_checkpoint_of_the_last_step(tmp_path):
+    """``cluster.max_restarts=0``: the real worker's process SIGKILLed after step 2; Ray will not
+    restart it, so the run stops naming it, after checkpointing the last completed step (the
+    learner is fine), and says how to resume."""
+    run_dir = tmp_path / "run"
+    args = [a for a in ARGS if not a.startswith(("method=", "trainer.total_steps="))]
+    proc = _launch([*args, "method=grpo", "cluster.max_restarts=0", "trainer.total_steps=50"], run_dir)
+    try:
+        _kill_when(proc, run_dir / "metrics.jsonl", "RolloutWorker", after_step=2)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, err[-4000:]
+    steps = [r["step"] for r in _steps(run_dir / "metrics.jsonl")]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 2
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert latest == f"step_{steps[-1]:06d}"
+    assert "rollout worker 0 died and Ray will not restart it (cluster.max_restarts used up)" in err, err[-3000:]
+    assert f"checkpoint at step {steps[-1]}: resume with trainer.resume={run_dir}" in err
