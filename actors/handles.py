@@ -31,6 +31,14 @@ class LearnerHung(RuntimeError):
     ``learner.call_timeout_s``: the message names who did not answer."""
 
 
+NODE_DEATH_WAIT_S = 30.0  # how long a lost learner's node may take to be reported dead
+
+
+class LearnerLost(RuntimeError):
+    """A learner rank's process died (alone, or with its node): its weights and optimizer state
+    are gone, so the run stops; the controller adds where to resume from."""
+
+
 class WeightsLost(RuntimeError):
     """Raised by a consumer asked to work with weights older than the last published ones: a
     process Ray restarted while it was idle (no call in flight saw the death) holds the initial
@@ -152,8 +160,9 @@ class LearnerGroup:
     contiguously across ranks.
     """
 
-    def __init__(self, ranks: list, pad_id: int, call_timeout_s: float = 0.0):
+    def __init__(self, ranks: list, pad_id: int, call_timeout_s: float = 0.0, node_ids: list[str] | None = None):
         self.ranks = ranks
+        self.node_ids = node_ids  # the Ray node of each rank, to name it when it is lost
         self.pad_id = pad_id
         self.call_timeout_s = call_timeout_s  # learner.call_timeout_s (0 = never)
         self.weight_group: dict | None = None  # set by init_weight_group: publish broadcasts
@@ -179,11 +188,30 @@ class LearnerGroup:
         for t in pending:  # the run stops: nothing waits for the rest
             t.cancel()
         if failed:
-            raise failed[0].exception()
+            who = next(w for w, t in tasks.items() if t is failed[0])
+            raise await self._lost(who, failed[0].exception())
         if pending:
             silent = [who for who, t in tasks.items() if t in pending]
             raise self._hung(f"{what}: no answer from {', '.join(silent)}")
         return [t.result() for t in tasks.values()]
+
+    async def _lost(self, who: str, e: BaseException) -> BaseException:
+        """A learner rank's death as ``LearnerLost`` naming the rank and whether its node went
+        with it (Ray reports a lost node a few seconds after the calls into it fail); any other
+        error as it is."""
+        import ray
+        import ray.exceptions as rx
+
+        if not (isinstance(e, rx.RayActorError) and who.startswith("learner rank ") and self.node_ids):
+            return e
+        node = self.node_ids[int(who.rsplit(" ", 1)[1])]
+        gone, t0 = False, time.monotonic()
+        while not gone and time.monotonic() - t0 < NODE_DEATH_WAIT_S:
+            gone = not any(n["NodeID"] == node and n["Alive"] for n in ray.nodes())
+            if not gone:
+                await asyncio.sleep(1.0)
+        where = f"with its node {node}" if gone else f"(its node {node} is still up: the process ended)"
+        return LearnerLost(f"{who} died {where}: {first_line(e)[:300]}; stopping the run")
 
     def _hung(self, what: str) -> LearnerHung:
         return LearnerHung(f"{what} within learner.call_timeout_s={self.call_timeout_s:g} s; stopping the run "

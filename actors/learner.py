@@ -453,6 +453,12 @@ class LearnerActor:
                                  "meet through node_address() and setup()")
             self.setup(master_addr)
 
+    def node_id(self) -> str:
+        """The Ray node this rank runs on (the driver names it when the rank is lost)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def node_address(self) -> tuple[str, int]:
         """Rank 0: this node's IP and the port of the process group's store, bound now."""
         import ray

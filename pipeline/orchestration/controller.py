@@ -30,7 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.handles import ActorDied
+from actors.handles import ActorDied, LearnerLost
 from pipeline.core.config import PrivyConfig
 from pipeline.core.errors import first_line
 from pipeline.core.microbatch import slice_rows
@@ -102,7 +102,7 @@ class Controller:
         self._stop = StopRequest()
         self._committed = False  # the step in progress has begun its update: it can no longer be abandoned
         self._checkpoint_s: float | None = None  # the last save's seconds, what a deadline keeps for the next
-        self._saved_step: int | None = None
+        self._saved_step: int | None = self.state.step or None  # a resumed run starts at a checkpoint
         self.abandoned_step: int | None = None  # a step given up for a stop deadline
         self.final_skipped = False  # the last step ended under a stop deadline: no final validation
         self._sync_lock = asyncio.Lock()  # a training step and its publish vs a weight-group re-form
@@ -144,6 +144,8 @@ class Controller:
             for task in done:  # a rollout loop only ends by raising; the trainer when done or stopped
                 if task is not trainer and not task.cancelled() and task.exception() is not None:
                     await self._save_after_rollout_failure(trainer, task.exception())
+                if task is trainer and not task.cancelled() and isinstance(task.exception(), LearnerLost):
+                    self._say_where_to_resume(task.exception())
                 if not (task is trainer and self.aborted):
                     task.result()
         finally:
@@ -166,6 +168,15 @@ class Controller:
             root = getattr(self.checkpointer, "root", None)  # RUN/checkpoints
             error.args = (f"{first_line(error)}; checkpoint at step {self.state.step}: resume with "
                           f"trainer.resume={root.parent if root is not None else 'RUN_DIR'}",)
+
+    def _say_where_to_resume(self, error: BaseException) -> None:
+        """A lost learner took its state with it: the run continues from its last checkpoint."""
+        root = getattr(self.checkpointer, "root", None)  # RUN/checkpoints
+        if root is None:
+            return
+        where = (f"resume from the last checkpoint (step {self._saved_step}): trainer.resume={root.parent}"
+                 if self._saved_step else "no checkpoint was saved yet: start the run again")
+        error.args = (f"{first_line(error)}; {where}",)
 
     def _next_task_index(self) -> int:
         if self._retry:

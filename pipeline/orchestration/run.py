@@ -225,7 +225,8 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
         if scorer is not None:
             infos["scorer"] = ray.get(scorer.actor.hardware.remote(), timeout=900)
         report_hardware(run_dir, infos)
-    return LearnerGroup(ranks, pad_id, cfg.learner.call_timeout_s), workers, scorer, actors
+    node_ids = ray.get([rk.node_id.remote() for rk in ranks], timeout=900)
+    return LearnerGroup(ranks, pad_id, cfg.learner.call_timeout_s, node_ids), workers, scorer, actors
 
 
 def _model_config(model_path: str):

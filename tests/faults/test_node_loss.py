@@ -1,0 +1,137 @@
+"""A whole Ray node lost during a real run, on a real multi-node Ray cluster on one machine
+(``ray.cluster_utils.Cluster``: a head and worker nodes, each with its own raylet and object store).
+
+The node that holds the rollout worker is killed (its raylet and every process of it, SIGKILL):
+Ray restarts the worker on another node that has room, the controller gives it the current
+weights and replays its lost group, and the run finishes every step.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 8
+ARGS = ["model=tiny", "env=keyword", "method=sdar", f"trainer.total_steps={STEPS}", "trainer.groups_per_step=1",
+        "rollout.group_size=2", "rollout.max_new_tokens=16", "trainer.val_every=0", "trainer.ckpt_every=0",
+        "logger.progress=false", "learner.precision=fp32", "rollout.precision=fp32", "scorer.precision=fp32"]
+# The nodes take the host's address: a driver joining a cluster (cluster.address) replaces a
+# loopback address by it, as on any real cluster.
+NODE = {"num_cpus": 1, "object_store_memory": 200 * 1024 * 1024}
+
+
+def _raylet_pid(node) -> int:
+    from ray._private import ray_constants
+
+    return node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+
+
+def _actor_on(node, cls: str) -> int | None:
+    """The live process of the actor of class ``cls`` that ``node``'s raylet started, if any."""
+    try:
+        children = psutil.Process(_raylet_pid(node)).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for p in children:
+        try:
+            if " ".join(p.cmdline()).startswith(f"ray::{cls}") and p.status() != psutil.STATUS_ZOMBIE:
+                return p.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+def _wait(cond, what: str, proc, timeout: float = 300):
+    t0 = time.time()
+    while not (got := cond()):
+        assert proc.poll() is None, f"the run ended while waiting for {what}:\n{proc.communicate()[1][-3000:]}"
+        assert time.time() - t0 < timeout, f"no {what} within {timeout} s"
+        time.sleep(0.2)
+    return got
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_node_of_the_rollout_worker_is_lost_and_the_worker_comes_back_on_another_node(tmp_path):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "num_cpus": 0})  # the driver's node only
+    proc = None
+    try:
+        learner_node = cluster.add_node(**NODE)
+        run_dir = tmp_path / "run"
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+        proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *ARGS,
+                                 f"cluster.address={cluster.address}", f"trainer.run_dir={run_dir}"],
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env=env, start_new_session=True)
+        # one CPU per node: the learner (created first) takes this node, the worker the next one
+        _wait(lambda: _actor_on(learner_node, "LearnerActor"), "learner on its node", proc)
+        worker_node = cluster.add_node(**NODE)
+        _wait(lambda: _actor_on(worker_node, "RolloutWorker"), "rollout worker on its node", proc)
+        _wait(lambda: len(_steps(run_dir)) >= 2, "step 2", proc)
+        spare = cluster.add_node(**NODE)  # room for the worker once its node is gone
+        cluster.remove_node(worker_node, allow_graceful=False)  # SIGKILL of its raylet and every process of it
+        _wait(lambda: _actor_on(spare, "RolloutWorker"), "the rollout worker restarted on the spare node", proc)
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-4000:]
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        cluster.shutdown()
+    rows = _steps(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    restarts = [e for e in events if e["event"] == "restart"]
+    assert any(e["actor"] == "rollout worker 0" for e in restarts), events
+    assert rows[-1]["faults/restarts"] >= 1
+    for r in rows:  # every step trained on complete, teacher-scored groups with fresh weights
+        assert r["teacher/rows_scored_frac"] == 1.0 and r["rollout/policy_lag_max"] <= 1, r["step"]
+
+
+def test_the_node_of_the_learner_is_lost_and_the_run_stops_naming_it_then_continues_from_its_checkpoint(tmp_path):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "num_cpus": 0})
+    run_dir = tmp_path / "run"
+    args = [*(a for a in ARGS if not a.startswith("trainer.ckpt_every=")), "trainer.ckpt_every=1",
+            f"trainer.run_dir={run_dir}", "trainer.resume=auto"]
+    proc = None
+    try:
+        learner_node = cluster.add_node(**NODE)
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+        cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *args, f"cluster.address={cluster.address}"]
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env=env, start_new_session=True)
+        _wait(lambda: _actor_on(learner_node, "LearnerActor"), "learner on its node", proc)
+        cluster.add_node(**NODE)  # the rollout worker's
+        _wait(lambda: len(_steps(run_dir)) >= 2, "step 2", proc)
+        node_id = learner_node.node_id
+        cluster.remove_node(learner_node, allow_graceful=False)
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 1, err[-4000:]
+        steps = [r["step"] for r in _steps(run_dir)]
+        assert f"learner rank 0 died with its node {node_id}" in err, err[-3000:]
+        assert f"resume from the last checkpoint (step {steps[-1]}): trainer.resume={run_dir}" in err, err[-3000:]
+        cluster.add_node(**NODE)  # a replacement node; the next start continues
+        again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=900)
+        assert again.returncode == 0, again.stderr[-4000:]
+        assert "trainer.resume=auto: continuing from" in again.stderr
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        cluster.shutdown()
+    assert [r["step"] for r in _steps(run_dir)] == list(range(1, STEPS + 1))
