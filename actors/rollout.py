@@ -17,6 +17,7 @@ under the distribution actually sampled, and the weights version that sampled th
 (``set_weights``) are loaded by the batcher between two ``generate`` calls, so episodes in flight
 are never dropped; a group then records mixed versions and the buffer judges it by its oldest turn.
 """
+
 from __future__ import annotations
 
 import sys
@@ -24,6 +25,9 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
+from actors.engines.base import request_seed
+from actors.handles import WeightsLost
+from actors.turn_batcher import Request, Sampling, TurnBatcher
 from envs import make_env
 from envs.base import Observation, TextEnv
 from pipeline.context.providers import StudentView
@@ -33,16 +37,21 @@ from pipeline.core.hardware import choose_precision, hardware_info, set_threads
 from pipeline.core.types import Episode, EpisodeGroup, StopReason, TurnRecord
 from pipeline.distributed.weight_sync import WeightPacket, verify
 
-from actors.engines.base import request_seed
-from actors.handles import WeightsLost
-from actors.turn_batcher import Request, Sampling, TurnBatcher
-
 
 class RolloutWorker:
     """Plain class (testable without Ray); ``pipeline.orchestration.run`` wraps it with ``ray.remote``."""
 
-    def __init__(self, cfg: RolloutConfig, env_cfg: EnvConfig, model_path: str, *,
-                 worker_id: int = 0, engine=None, threads: int | None = None, chat_template: str | None = None):
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        env_cfg: EnvConfig,
+        model_path: str,
+        *,
+        worker_id: int = 0,
+        engine=None,
+        threads: int | None = None,
+        chat_template: str | None = None,
+    ):
         self.cfg = cfg
         self.env_cfg = env_cfg
         self.worker_id = worker_id
@@ -54,14 +63,20 @@ class RolloutWorker:
             engine = make_engine(cfg, model_path, dtype=self.precision.dtype, chat_template=chat_template)
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.prompts = StudentPrompts(self.tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
-                                      history_length=env_cfg.history_length)
+        self.prompts = StudentPrompts(
+            self.tokenizer, max_prompt_tokens=cfg.max_prompt_tokens, history_length=env_cfg.history_length
+        )
         self._pending: tuple[dict, int] | None = None
         self._lock = threading.Lock()  # guards _pending and _received
         self._received = 0  # the newest weights version received (queued or applied)
         # Only the batcher's thread touches the engine (it is not thread-safe).
-        self.batcher = TurnBatcher(engine, max_batch=cfg.max_batch, max_tokens=cfg.max_batch_tokens,
-                                   apply_weights=self.apply_pending_weights, wait_s=cfg.batch_wait_s)
+        self.batcher = TurnBatcher(
+            engine,
+            max_batch=cfg.max_batch,
+            max_tokens=cfg.max_batch_tokens,
+            apply_weights=self.apply_pending_weights,
+            wait_s=cfg.batch_wait_s,
+        )
         from envs import env_class
 
         # Envs whose native code is not thread-safe (ALFWorld's PDDL engine) step one at a time.
@@ -95,8 +110,17 @@ class RolloutWorker:
 
     # Collective route (pipeline/distributed/collective_sync.py). Like set_weights they run in an
     # actor thread of their own while groups are being played, and only queue the weights.
-    def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                          meta, bucket_bytes: int, timeout_s: float | None = None) -> int:
+    def init_weight_group(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        backend: str,
+        meta,
+        bucket_bytes: int,
+        timeout_s: float | None = None,
+    ) -> int:
         """Join the learner's weight group as ``rank``; ``meta`` = the learner's ``sync_meta()``."""
         from pipeline.distributed.collective_sync import WeightReceiver
 
@@ -107,8 +131,10 @@ class RolloutWorker:
         """Receive one broadcast into a fresh dict, check it, queue it as ``set_weights`` does.
         Raises WeightSyncError (and queues nothing) if the sync was partial or corrupt."""
         if getattr(self, "_receiver", None) is None:  # a process Ray restarted: not in the group yet
-            raise WeightsLost(f"rollout worker {self.worker_id} is not in the weight group (a restarted "
-                              f"process); weights v{version} cannot reach it")
+            raise WeightsLost(
+                f"rollout worker {self.worker_id} is not in the weight group (a restarted "
+                f"process); weights v{version} cannot reach it"
+            )
         sd = self._receiver.receive(version)
         with self._lock:
             self._pending = (sd, version)
@@ -134,8 +160,14 @@ class RolloutWorker:
             getattr(self.engine, "wake_up", lambda: None)()
 
     # ----- prompts -------------------------------------------------------------------------------
-    def build_prompt(self, env: TextEnv, history: list[tuple[str, str]], obs: Observation, turn: int = 0,
-                     view: StudentView | None = None):
+    def build_prompt(
+        self,
+        env: TextEnv,
+        history: list[tuple[str, str]],
+        obs: Observation,
+        turn: int = 0,
+        view: StudentView | None = None,
+    ):
         return self.prompts.build(env, history, obs, turn, view)
 
     def thinking_tokens(self, response_ids: list[int], text: str) -> int:
@@ -150,9 +182,19 @@ class RolloutWorker:
         return len(response_ids)
 
     # ----- one group -----------------------------------------------------------------------------
-    def run_group(self, *, task_seed: int, split: str, group_size: int, temperature: float,
-                  sample_seed: int, max_turns: int | None = None, view: StudentView | None = None,
-                  min_version: int = 0, demonstrate: bool = False) -> EpisodeGroup:
+    def run_group(
+        self,
+        *,
+        task_seed: int,
+        split: str,
+        group_size: int,
+        temperature: float,
+        sample_seed: int,
+        max_turns: int | None = None,
+        view: StudentView | None = None,
+        min_version: int = 0,
+        demonstrate: bool = False,
+    ) -> EpisodeGroup:
         """Play one group (blocking; groups run concurrently in the actor's threads); ``view``
         puts privileged context into the student's own prompts; ``demonstrate`` adds the hinted
         expert's episode of the task (``EpisodeGroup.demonstrations``, the equal-information
@@ -160,8 +202,10 @@ class RolloutWorker:
         last published): Ray restarted it."""
         with self._lock:
             if self._received < min_version:
-                raise WeightsLost(f"rollout worker {self.worker_id} holds weights v{self._received}, "
-                                  f"v{min_version} were published: its process was restarted")
+                raise WeightsLost(
+                    f"rollout worker {self.worker_id} holds weights v{self._received}, "
+                    f"v{min_version} were published: its process was restarted"
+                )
         t0 = time.time()
         envs: list[TextEnv | None] = [None] * group_size
         try:
@@ -174,8 +218,9 @@ class RolloutWorker:
                 if env is not None:
                     self.env_pool.submit(env.close)
 
-    def demonstration(self, task_seed: int, split: str, max_turns: int | None = None,
-                      version: int = 0) -> list[Episode]:
+    def demonstration(
+        self, task_seed: int, split: str, max_turns: int | None = None, version: int = 0
+    ) -> list[Episode]:
         """The hinted expert's episode of the task, under the student's own prompts (no hint in
         them), if it won; [] when it lost, the task has no hint, or the env failed (an env error
         or a timeout costs the step one demonstration, never the group)."""
@@ -190,16 +235,29 @@ class RolloutWorker:
 
         try:
             env, played = self.env_pool.submit(play).result(timeout=self.cfg.env_timeout_s * (max_turns or 50))
-        except Exception as e:  # noqa: BLE001 - a demonstration is optional; the group is not
-            print(f"privy-rl: rollout worker {self.worker_id}: no demonstration for task {task_seed}: "
-                  f"{type(e).__name__}: {e}"[:400], file=sys.stderr, flush=True)
+        except Exception as e:  # a demonstration is optional; the group is not
+            print(
+                f"privy-rl: rollout worker {self.worker_id}: no demonstration for task {task_seed}: "
+                f"{type(e).__name__}: {e}"[:400],
+                file=sys.stderr,
+                flush=True,
+            )
             return []
         if played is None or not played[1]:
             return []
         rows, _ = played
-        return [Episode(task_id=f"{self.env_cfg.name}-{task_seed}", env_name=self.env_cfg.name, seed=task_seed,
-                        task_type=env.task_type, turns=rows, reward=env.success_reward, won=True,
-                        stop_reason=StopReason.WON)]
+        return [
+            Episode(
+                task_id=f"{self.env_cfg.name}-{task_seed}",
+                env_name=self.env_cfg.name,
+                seed=task_seed,
+                task_type=env.task_type,
+                turns=rows,
+                reward=env.success_reward,
+                won=True,
+                stop_reason=StopReason.WON,
+            )
+        ]
 
     def close(self) -> None:
         self.batcher.close()
@@ -212,11 +270,22 @@ class _Group:
     Its episodes ``join`` the batcher when play starts and ``leave`` it when they end (or the
     group is abandoned), so that a generate call waits briefly for the ones in env calls."""
 
-    def __init__(self, worker: RolloutWorker, envs: list, task_seed: int, split: str, temperature: float,
-                 sample_seed: int, max_turns: int | None, view: StudentView | None, t0: float):
+    def __init__(
+        self,
+        worker: RolloutWorker,
+        envs: list,
+        task_seed: int,
+        split: str,
+        temperature: float,
+        sample_seed: int,
+        max_turns: int | None,
+        view: StudentView | None,
+        t0: float,
+    ):
         self.w, self.envs, self.task_seed, self.split = worker, envs, task_seed, split
-        self.sampling = Sampling(max_new_tokens=worker.cfg.max_new_tokens, temperature=temperature,
-                                 top_p=worker.cfg.top_p)
+        self.sampling = Sampling(
+            max_new_tokens=worker.cfg.max_new_tokens, temperature=temperature, top_p=worker.cfg.top_p
+        )
         self.sample_seed, self.view, self.t0 = sample_seed, view, t0
         self.limit = max_turns  # None: the env's own max_turns, known after the first reset
         self.n_tokens = 0
@@ -278,9 +347,14 @@ class _Group:
                     {"reset": self._on_reset, "gen": self._on_generation, "step": self._on_step}[kind](i, f, data)
         finally:
             w.batcher.leave(self.live)  # nothing more will come from an abandoned group
-        return EpisodeGroup(task_id=self.episodes[0].task_id, seed=self.task_seed, episodes=self.episodes,
-                            worker_id=w.worker_id, rollout_seconds=time.time() - self.t0,
-                            n_generated_tokens=self.n_tokens)
+        return EpisodeGroup(
+            task_id=self.episodes[0].task_id,
+            seed=self.task_seed,
+            episodes=self.episodes,
+            worker_id=w.worker_id,
+            rollout_seconds=time.time() - self.t0,
+            n_generated_tokens=self.n_tokens,
+        )
 
     def _wait(self) -> set[Future]:
         """The next finished futures; env calls that ran out of time fail their episodes."""
@@ -290,8 +364,9 @@ class _Group:
         until = min(running) + timeout - time.time() if running else None
         if any(not t for _, t in env_calls):  # re-check soon: a queued call's clock starts when it runs
             until = 1.0 if until is None else min(until, 1.0)
-        done, _ = wait(list(self.pending), timeout=None if until is None else max(until, 0.0),
-                       return_when=FIRST_COMPLETED)
+        done, _ = wait(
+            list(self.pending), timeout=None if until is None else max(until, 0.0), return_when=FIRST_COMPLETED
+        )
         now = time.time()
         for f, t in env_calls:
             if f not in done and t and now - t[0] >= timeout:  # a hung env: its episode ends as failed
@@ -310,7 +385,7 @@ class _Group:
     def _on_reset(self, i: int, f: Future, _) -> None:
         try:
             env, self.obs[i], hint = f.result()
-        except Exception as e:  # noqa: BLE001 - a broken env fails its episode only
+        except Exception as e:  # a broken env fails its episode only
             self._fail(i, "env reset", repr(e))
             return self._landed(i, ask=False)
         ep = self.episodes[i]
@@ -330,16 +405,28 @@ class _Group:
         messages, ids, truncated, gen, version, text = data
         try:
             res = f.result()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self._fail(i, "env step", repr(e))
             return self._landed(i, ask=False)
         ep, obs = self.episodes[i], self.obs[i]
         turn = len(ep.turns)
-        ep.turns.append(TurnRecord(
-            prompt_ids=ids, response_ids=list(gen.token_ids), behaviour_logprobs=list(gen.logprobs),
-            policy_version=version, turn_index=turn, messages=messages, response_text=text,
-            action=res.action, step_reward=res.reward, action_valid=res.action_valid, anchor_obs=obs.text,
-            thinking_len=self.w.thinking_tokens(gen.token_ids, text), truncated_prompt=truncated))
+        ep.turns.append(
+            TurnRecord(
+                prompt_ids=ids,
+                response_ids=list(gen.token_ids),
+                behaviour_logprobs=list(gen.logprobs),
+                policy_version=version,
+                turn_index=turn,
+                messages=messages,
+                response_text=text,
+                action=res.action,
+                step_reward=res.reward,
+                action_valid=res.action_valid,
+                anchor_obs=obs.text,
+                thinking_len=self.w.thinking_tokens(gen.token_ids, text),
+                truncated_prompt=truncated,
+            )
+        )
         ep.reward += res.reward
         self.history[i].append((obs.text, res.action if res.action_valid else text.strip()))
         self.obs[i] = res.observation

@@ -11,6 +11,7 @@ rollout temperature, with the LM head applied only at response positions.
 (``pipeline.context.providers``; one provider on the driver, so UCB statistics are central),
 calls the worker, and fills ``TurnRecord.teacher_logprobs`` / ``teacher_version``.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,8 +29,16 @@ from pipeline.distributed.weight_sync import WeightPacket, verify
 
 
 class TeacherScorerWorker:
-    def __init__(self, model_path: str, *, temperature: float, micro_batch_tokens: int,
-                 precision: str = "auto", device: str = "cpu", threads: int | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        temperature: float,
+        micro_batch_tokens: int,
+        precision: str = "auto",
+        device: str = "cpu",
+        threads: int | None = None,
+    ):
         from pipeline.models import as_torch_dtype, load_model
 
         self.threads = set_threads(threads)
@@ -52,8 +61,17 @@ class TeacherScorerWorker:
         return self.version
 
     # Collective route (pipeline/distributed/collective_sync.py): same contract as set_weights.
-    def init_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                          meta, bucket_bytes: int, timeout_s: float | None = None) -> int:
+    def init_weight_group(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        backend: str,
+        meta,
+        bucket_bytes: int,
+        timeout_s: float | None = None,
+    ) -> int:
         from pipeline.distributed.collective_sync import WeightReceiver
 
         self._receiver = WeightReceiver(host, port, rank, world_size, backend, meta, bucket_bytes, timeout_s)
@@ -62,8 +80,10 @@ class TeacherScorerWorker:
     def receive_weights(self, version: int) -> int:
         """Receive, check (raises WeightSyncError, loading nothing), then load."""
         if getattr(self, "_receiver", None) is None:  # a process Ray restarted: not in the group yet
-            raise WeightsLost(f"the teacher scorer is not in the weight group (a restarted process); "
-                              f"weights v{version} cannot reach it")
+            raise WeightsLost(
+                f"the teacher scorer is not in the weight group (a restarted process); "
+                f"weights v{version} cannot reach it"
+            )
         self.model.load_state_dict(self._receiver.receive(version), strict=True)
         self.version = version
         return self.version
@@ -74,16 +94,23 @@ class TeacherScorerWorker:
         weights version that scored them. Raises WeightsLost below ``min_version`` (a self-teacher
         Ray restarted: it holds the initial weights)."""
         if self.version < min_version:
-            raise WeightsLost(f"the teacher scorer holds weights v{self.version}, v{min_version} "
-                              f"were published: its process was restarted")
+            raise WeightsLost(
+                f"the teacher scorer holds weights v{self.version}, v{min_version} "
+                f"were published: its process was restarted"
+            )
         if not items:
             return [], self.version
         batch = _batch(items)
         out: list[list[float]] = []
         for mb in split_by_tokens(batch, self.micro_batch_tokens):
-            lp = forward_response(self.model, mb.input_ids.to(self.device), mb.attention_mask.to(self.device),
-                                  mb.response_mask.to(self.device), temperature=self.temperature,
-                                  with_entropy=False).logprobs.cpu()
+            lp = forward_response(
+                self.model,
+                mb.input_ids.to(self.device),
+                mb.attention_mask.to(self.device),
+                mb.response_mask.to(self.device),
+                temperature=self.temperature,
+                with_entropy=False,
+            ).logprobs.cpu()
             for i in range(mb.n_rows):
                 out.append(lp[i][mb.response_mask[i].bool()].tolist())
         return out, self.version
@@ -99,17 +126,19 @@ def _batch(items: list[tuple[list[int], list[int]]]) -> TrainBatch:
         n = len(p) + len(r)
         ids[i, :n] = torch.tensor(p + r)
         attn[i, :n] = 1
-        resp[i, len(p):n] = 1
+        resp[i, len(p) : n] = 1
     zeros = torch.zeros_like(resp)
-    return TrainBatch(input_ids=ids, attention_mask=attn, response_mask=resp,
-                      behaviour_logprobs=zeros, advantages=zeros)
+    return TrainBatch(
+        input_ids=ids, attention_mask=attn, response_mask=resp, behaviour_logprobs=zeros, advantages=zeros
+    )
 
 
 class TeacherScorer(Restartable):
     """Driver-side handle: which rows, which prompts; ``actor`` is a Ray handle of the worker."""
 
-    def __init__(self, actor, spec: TeacherSpec, prompts: TeacherPrompts, timeout_s: float = 0.0,
-                 noise_floor: bool = False):
+    def __init__(
+        self, actor, spec: TeacherSpec, prompts: TeacherPrompts, timeout_s: float = 0.0, noise_floor: bool = False
+    ):
         self._init_restartable(actor, "teacher scorer")
         self.spec, self.prompts = spec, prompts
         self.timeout_s = timeout_s  # scorer.timeout_s (0 = never)
@@ -134,17 +163,19 @@ class TeacherScorer(Restartable):
                     items.append((ids, row.response_ids))
         return rows, items
 
-    async def score(self, groups: list[EpisodeGroup], step: int,
-                    min_version: int = 0) -> tuple[list[EpisodeGroup], dict]:
+    async def score(
+        self, groups: list[EpisodeGroup], step: int, min_version: int = 0
+    ) -> tuple[list[EpisodeGroup], dict]:
         """``min_version``: the last published weights (a self-teacher must hold them)."""
         t0 = time.time()
         rows, items = self._items(groups)
         plain = [(row.prompt_ids, row.response_ids) for row in rows] if self.noise_floor else []
-        lps, version = await self._call_within(self.timeout_s, "scorer.timeout_s", "score", items + plain,
-                                               min_version if self.wants_weights else 0)
+        lps, version = await self._call_within(
+            self.timeout_s, "scorer.timeout_s", "score", items + plain, min_version if self.wants_weights else 0
+        )
         for row, lp in zip(rows, lps):
             row.teacher_logprobs, row.teacher_version = lp, version
-        for row, lp in zip(rows, lps[len(rows):]):  # one forward call: the same weights version
+        for row, lp in zip(rows, lps[len(rows) :]):  # one forward call: the same weights version
             row.plain_teacher_logprobs = lp
         lengths = [len(ids) for ids, _ in items]
         n_rows = sum(len(g.rows()) for g in groups)

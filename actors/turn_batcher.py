@@ -17,6 +17,7 @@ worker) are loaded between two ``generate`` calls, i.e. between turns, never und
 request carries its own seed (``GenerationEngine.generate``'s ``seeds``), so a turn's sample does
 not depend on which other turns shared its batch.
 """
+
 from __future__ import annotations
 
 import threading
@@ -57,8 +58,9 @@ class BatcherStats:
 
 
 class TurnBatcher:
-    def __init__(self, engine, *, max_batch: int, max_tokens: int, apply_weights: Callable[[], bool],
-                 wait_s: float = 0.0):
+    def __init__(
+        self, engine, *, max_batch: int, max_tokens: int, apply_weights: Callable[[], bool], wait_s: float = 0.0
+    ):
         self.engine, self.max_batch, self.max_tokens, self.wait_s = engine, max_batch, max_tokens, wait_s
         self.apply_weights = apply_weights
         self.engine_lock = threading.Lock()  # held around every engine call (weights, generate)
@@ -100,8 +102,11 @@ class TurnBatcher:
         kind = self._queue[0].sampling
         batch, rest, width = [], [], 0
         for r in self._queue:
-            fits = (r.sampling == kind and len(batch) < self.max_batch
-                    and (len(batch) + 1) * max(width, len(r.prompt) + kind.max_new_tokens) <= self.max_tokens)
+            fits = (
+                r.sampling == kind
+                and len(batch) < self.max_batch
+                and (len(batch) + 1) * max(width, len(r.prompt) + kind.max_new_tokens) <= self.max_tokens
+            )
             if fits or not batch:  # the oldest always goes, even alone over the budget
                 batch.append(r)
                 width = max(width, len(r.prompt) + kind.max_new_tokens)
@@ -122,8 +127,12 @@ class TurnBatcher:
                     return
                 deadline = time.monotonic() + self.wait_s
                 # live episodes not queued are in env calls (no generate is under way here)
-                while (self._live > len(self._queue) and len(self._queue) < self.max_batch and not self._closed
-                       and (left := deadline - time.monotonic()) > 0):
+                while (
+                    self._live > len(self._queue)
+                    and len(self._queue) < self.max_batch
+                    and not self._closed
+                    and (left := deadline - time.monotonic()) > 0
+                ):
                     self._cond.wait(left)
                 if self._closed:
                     continue
@@ -134,8 +143,12 @@ class TurnBatcher:
                     self.apply_weights()  # between turns: no generate is under way
                     t0 = time.perf_counter()
                     gens: list[Generation] = self.engine.generate(
-                        [r.prompt for r in batch], max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                        top_p=s.top_p, seeds=[r.seed for r in batch])
+                        [r.prompt for r in batch],
+                        max_new_tokens=s.max_new_tokens,
+                        temperature=s.temperature,
+                        top_p=s.top_p,
+                        seeds=[r.seed for r in batch],
+                    )
                     version = self.engine.version
                     self.stats.seconds += time.perf_counter() - t0
                 self.stats.calls += 1
@@ -143,7 +156,7 @@ class TurnBatcher:
                 self.stats.tokens += sum(g.n_tokens for g in gens)
                 for r, g in zip(batch, gens):
                     r.future.set_result((g, version))
-            except BaseException as e:  # noqa: BLE001 - the requests' owners re-raise it
+            except BaseException as e:  # the requests' owners re-raise it
                 for r in batch:
                     if not r.future.done():
                         r.future.set_exception(e)

@@ -1,4 +1,5 @@
 """Environments: one module per env, all behind the contract in ``envs/base.py``."""
+
 from __future__ import annotations
 
 import importlib

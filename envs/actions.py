@@ -23,6 +23,7 @@ Example::
     >>> parse_think_action("open fridge 1").valid_format
     False
 """
+
 from __future__ import annotations
 
 import re

@@ -41,6 +41,7 @@
   it, else ``terminated and reward > 0``; ``action_valid`` = ``info.get("action_valid", True)``;
   admissible actions from ``info["admissible_actions"]``; final criterion ``task_success``.
 """
+
 from __future__ import annotations
 
 import random
@@ -58,7 +59,7 @@ except ImportError:  # pragma: no cover - exercised only without gymnasium
 
 try:  # skyrl-gym is 1 GB of deps: never required
     from skyrl_gym.envs.base_text_env import BaseTextEnv as _SkyRLBase
-except Exception:  # noqa: BLE001 - any import failure means "not available"
+except Exception:  # any import failure means "not available"
     _SkyRLBase = object
 
 _GymBase = _gym.Env if _gym is not None else object
@@ -66,8 +67,10 @@ _TEXT_CHARSET = string.printable
 
 
 def _criteria_dicts(criteria: list[CriterionResult]) -> list[dict]:
-    return [{"criterion": c.criterion, "passed": c.passed, "failing_turn": c.failing_turn, "feedback": c.feedback}
-            for c in criteria]
+    return [
+        {"criterion": c.criterion, "passed": c.passed, "failing_turn": c.failing_turn, "feedback": c.feedback}
+        for c in criteria
+    ]
 
 
 def _make(name: str, options: dict | None, split: str) -> TextEnv:
@@ -82,8 +85,16 @@ class GymnasiumTextEnv(_GymBase):
 
     metadata: ClassVar[dict] = {"render_modes": []}
 
-    def __init__(self, name: str, options: dict | None = None, split: str = "train", *,
-                 max_turns: int | None = None, history_length: int = 2, max_text_length: int = 1 << 16) -> None:
+    def __init__(
+        self,
+        name: str,
+        options: dict | None = None,
+        split: str = "train",
+        *,
+        max_turns: int | None = None,
+        history_length: int = 2,
+        max_text_length: int = 1 << 16,
+    ) -> None:
         self.env_name = name
         self.env_options = dict(options or {})
         self.split = split
@@ -103,7 +114,9 @@ class GymnasiumTextEnv(_GymBase):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         if options:
-            raise ValueError(f"GymnasiumTextEnv.reset takes no options (env options go to the constructor); got {options}")
+            raise ValueError(
+                f"GymnasiumTextEnv.reset takes no options (env options go to the constructor); got {options}"
+            )
         if seed is not None:
             self._rng.seed(seed)
             task_seed = int(seed)
@@ -176,7 +189,9 @@ def register_gymnasium(name: str) -> str | None:
 class SkyRLTextEnv(_SkyRLBase):
     """skyrl-gym ``BaseTextEnv`` over a privy env (see the module docstring for the mapping)."""
 
-    def __init__(self, env_config: dict | None = None, extras: dict | None = None, *, env: TextEnv | None = None) -> None:
+    def __init__(
+        self, env_config: dict | None = None, extras: dict | None = None, *, env: TextEnv | None = None
+    ) -> None:
         if _SkyRLBase is not object:
             super().__init__()
         cfg = {**dict(env_config or {}), **dict(extras or {})}
@@ -200,8 +215,11 @@ class SkyRLTextEnv(_SkyRLBase):
         messages = [m.as_dict() for m in self.env.build_messages([], self._obs, self.history_length)]
         if prompt and prompt[0].get("role") == "system" and (not messages or messages[0]["role"] != "system"):
             messages = [dict(prompt[0])] + messages
-        return messages, {"task_id": self.env.task_id, "task_text": self.env.task_text,
-                          "admissible_actions": list(self._obs.admissible_actions)}
+        return messages, {
+            "task_id": self.env.task_id,
+            "task_text": self.env.task_text,
+            "admissible_actions": list(self._obs.admissible_actions),
+        }
 
     def step(self, action: str) -> dict[str, Any]:
         if self._obs is None:
@@ -224,16 +242,25 @@ class SkyRLTextEnv(_SkyRLBase):
             "observations": observations,
             "reward": reward,
             "done": done,
-            "metadata": {"won": bool(res.won), "action_valid": bool(res.action_valid), "action": res.action,
-                         "criteria": _criteria_dicts(res.criteria),
-                         "admissible_actions": list(res.observation.admissible_actions),
-                         "task_id": self.env.task_id, "turn": self.turns},
+            "metadata": {
+                "won": bool(res.won),
+                "action_valid": bool(res.action_valid),
+                "action": res.action,
+                "criteria": _criteria_dicts(res.criteria),
+                "admissible_actions": list(res.observation.admissible_actions),
+                "task_id": self.env.task_id,
+                "turn": self.turns,
+            },
             "postprocessed_action": None,
         }
 
     def get_metrics(self) -> dict[str, Any]:
-        metrics: dict[str, Any] = {"won": float(self._won), "return": self._return, "turns": self.turns,
-                                   "invalid_actions": self._invalid}
+        metrics: dict[str, Any] = {
+            "won": float(self._won),
+            "return": self._return,
+            "turns": self.turns,
+            "invalid_actions": self._invalid,
+        }
         for c in self._criteria:
             metrics[f"criterion/{c.criterion}"] = float(c.passed)
         return metrics
@@ -296,11 +323,16 @@ class FromGymnasium(TextEnv):
         won = bool(info["won"]) if "won" in info else bool(terminated and reward > 0)
         self._done = bool(terminated or truncated or self._turn >= self.max_turns)
         criteria = [CriterionResult(criterion="task_success", passed=won)] if self._done else []
-        return StepResult(observation=Observation(text=str(obs), admissible_actions=list(info.get("admissible_actions", []))),
-                          reward=float(reward), done=self._done, won=won,
-                          action_valid=bool(info.get("action_valid", True)), action=response.strip(),
-                          criteria=criteria, info={"terminated": bool(terminated), "truncated": bool(truncated),
-                                                   "turn": self._turn})
+        return StepResult(
+            observation=Observation(text=str(obs), admissible_actions=list(info.get("admissible_actions", []))),
+            reward=float(reward),
+            done=self._done,
+            won=won,
+            action_valid=bool(info.get("action_valid", True)),
+            action=response.strip(),
+            criteria=criteria,
+            info={"terminated": bool(terminated), "truncated": bool(truncated), "turn": self._turn},
+        )
 
     @property
     def task_text(self) -> str:
@@ -310,8 +342,9 @@ class FromGymnasium(TextEnv):
     def task_id(self) -> str:
         return self._task_id
 
-    def build_messages(self, history: list[tuple[str, str]], observation: Observation,
-                       history_length: int) -> list[Message]:
+    def build_messages(
+        self, history: list[tuple[str, str]], observation: Observation, history_length: int
+    ) -> list[Message]:
         parts = [self._task_text] if self._task_text and self._task_text != observation.text else []
         recent = history[-history_length:] if history_length > 0 else []
         if recent:

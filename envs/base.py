@@ -12,6 +12,7 @@ Example (ALFWorld)::
     r = env.step("<think>the mug is ...</think><action>go to countertop 1</action>")
     r.reward, r.done, r.won, r.action_valid   # 0.0, False, False, True
 """
+
 from __future__ import annotations
 
 import abc
@@ -56,7 +57,7 @@ class TextEnv(abc.ABC):
     def from_options(cls, options: dict, split: str) -> "TextEnv":
         """Build from ``env.options``; raise ValueError naming any unknown or bad option."""
 
-    @classmethod
+    @classmethod  # noqa: B027 - optional hook
     def validate_options(cls, options: dict) -> None:
         """Check options at launch, before any heavy work (default: build nothing, accept)."""
 
@@ -82,8 +83,9 @@ class TextEnv(abc.ABC):
         return ""
 
     @abc.abstractmethod
-    def build_messages(self, history: list[tuple[str, str]], observation: Observation,
-                       history_length: int) -> list[Message]:
+    def build_messages(
+        self, history: list[tuple[str, str]], observation: Observation, history_length: int
+    ) -> list[Message]:
         """Chat messages for the next turn.
 
         ``history`` holds (observation, action) pairs of earlier turns; only the last

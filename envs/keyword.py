@@ -26,6 +26,7 @@ Example episode (seed 3)::
     assistant: Sure! <answer>river</answer>
     -> reward 1.0, won True, criteria format/keyword/brevity all passed
 """
+
 from __future__ import annotations
 
 import functools
@@ -64,6 +65,7 @@ def split_words(split: str) -> tuple[str, ...]:
     random.Random(f"keyword/order/{split}").shuffle(words)
     return tuple(words)
 
+
 FEEDBACK = {
     "keyword": "Your reply must contain the requested word itself.",
     "format": "Put exactly the requested word inside a single <answer>...</answer> block.",
@@ -84,8 +86,10 @@ class KeywordOptions:
             raise ValueError(f"keyword: max_words={self.max_words} must be >= 1")
         smallest = min(len(split_words(s)) for s in SPLITS)
         if not 0 <= self.n_tasks <= smallest:
-            raise ValueError(f"keyword: n_tasks={self.n_tasks} must be 0 (every word of the split) or between 1 "
-                             f"and {smallest}, the words of the smallest split")
+            raise ValueError(
+                f"keyword: n_tasks={self.n_tasks} must be 0 (every word of the split) or between 1 "
+                f"and {smallest}, the words of the smallest split"
+            )
 
     def n_tasks_for(self, split: str) -> int:
         return self.n_tasks or len(split_words(split))
@@ -152,15 +156,22 @@ class KeywordEnv(TextEnv):
         brief = 1 <= len(response.split()) <= self.opts.max_words
         verdicts = {"keyword": mentions, "format": fmt, "brevity": brief}
         # The feedback string is the criterion's static text; failing_turn marks where it failed.
-        return [CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else 0,
-                                feedback=FEEDBACK[c]) for c, ok in verdicts.items()]
+        return [
+            CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else 0, feedback=FEEDBACK[c])
+            for c, ok in verdicts.items()
+        ]
 
     def step(self, response: str) -> StepResult:
         criteria = self.judge(response)
         passed = sum(c.passed for c in criteria)
         won = passed == len(criteria)
         blocks = _ANSWER.findall(response)
-        return StepResult(observation=Observation(text="Episode finished."),
-                          reward=self.success_reward * passed / len(criteria), done=True, won=won,
-                          action_valid=True, action=blocks[0].strip() if blocks else "",
-                          criteria=criteria)
+        return StepResult(
+            observation=Observation(text="Episode finished."),
+            reward=self.success_reward * passed / len(criteria),
+            done=True,
+            won=won,
+            action_valid=True,
+            action=blocks[0].strip() if blocks else "",
+            criteria=criteria,
+        )

@@ -38,6 +38,7 @@ UCB mode ``top_k`` counts all returned skills (in keyword mode only the general 
 mistakes are the first ``n_mistakes`` as in keyword mode. ``render`` writes our own Markdown
 layout; ``why_it_happens`` stays in the bank but is not rendered, to keep prompts short.
 """
+
 from __future__ import annotations
 
 import json
@@ -91,8 +92,14 @@ def _fields(entry: object, names: Sequence[str], where: str) -> dict[str, str]:
 class SkillBank:
     """A validated skill bank. Build with ``SkillBank.from_dict`` or ``load_bank``."""
 
-    def __init__(self, general: list[Skill], task_specific: dict[str, list[Skill]],
-                 mistakes: list[Mistake], metadata: dict, source: str = "<dict>"):
+    def __init__(
+        self,
+        general: list[Skill],
+        task_specific: dict[str, list[Skill]],
+        mistakes: list[Mistake],
+        metadata: dict,
+        source: str = "<dict>",
+    ):
         self.general = general
         self.task_specific = task_specific
         self.mistakes = mistakes
@@ -116,17 +123,22 @@ class SkillBank:
         if not isinstance(metadata, dict):
             raise SkillBankError(f"{source}: metadata must be an object")
 
-        general = [Skill(**_fields(s, SKILL_FIELDS, f"{source}: general_skills[{i}]"))
-                   for i, s in enumerate(data["general_skills"])]
+        general = [
+            Skill(**_fields(s, SKILL_FIELDS, f"{source}: general_skills[{i}]"))
+            for i, s in enumerate(data["general_skills"])
+        ]
         task_specific: dict[str, list[Skill]] = {}
         for task_type, skills in data["task_specific_skills"].items():
             where = f"{source}: task_specific_skills[{task_type!r}]"
             if not task_type or not isinstance(skills, list):
                 raise SkillBankError(f"{where}: needs a non-empty task type name and a list of skills")
-            task_specific[task_type] = [Skill(**_fields(s, SKILL_FIELDS, f"{where}[{i}]"), task_type=task_type)
-                                        for i, s in enumerate(skills)]
-        mistakes = [Mistake(**_fields(m, MISTAKE_FIELDS, f"{source}: common_mistakes[{i}]"))
-                    for i, m in enumerate(data["common_mistakes"])]
+            task_specific[task_type] = [
+                Skill(**_fields(s, SKILL_FIELDS, f"{where}[{i}]"), task_type=task_type) for i, s in enumerate(skills)
+            ]
+        mistakes = [
+            Mistake(**_fields(m, MISTAKE_FIELDS, f"{source}: common_mistakes[{i}]"))
+            for i, m in enumerate(data["common_mistakes"])
+        ]
 
         skill_ids = [s.skill_id for s in general] + [s.skill_id for ss in task_specific.values() for s in ss]
         for kind, ids in (("skill_id", skill_ids), ("mistake_id", [m.mistake_id for m in mistakes])):
@@ -155,8 +167,9 @@ class SkillBank:
 
     def require_task_type(self, task_type: str) -> None:
         if task_type not in self.task_specific:
-            raise SkillBankError(f"{self.source}: unknown task type {task_type!r}; "
-                                 f"the bank has {list(self.task_specific)}")
+            raise SkillBankError(
+                f"{self.source}: unknown task type {task_type!r}; the bank has {list(self.task_specific)}"
+            )
 
     def check_task_types(self, expected: Iterable[str]) -> None:
         """Raise unless the bank's task types are exactly ``expected`` (e.g. the env's task types)."""
@@ -164,8 +177,10 @@ class SkillBank:
         unknown = [t for t in self.task_specific if t not in expected]
         uncovered = [t for t in expected if t not in self.task_specific]
         if unknown or uncovered:
-            raise SkillBankError(f"{self.source}: task types not produced by the env: {unknown}; "
-                                 f"env task types without skills: {uncovered}")
+            raise SkillBankError(
+                f"{self.source}: task types not produced by the env: {unknown}; "
+                f"env task types without skills: {uncovered}"
+            )
 
     # ----- keyword classification -----------------------------------------------------------------
     def _keyword_rules(self) -> tuple[list[tuple[str, list[re.Pattern]]], str, str]:
@@ -176,8 +191,9 @@ class SkillBank:
         rules = []
         for task_type, phrases in table.items():
             if task_type not in self.task_specific:
-                raise SkillBankError(f"{where}.task_keywords: unknown task type {task_type!r}; "
-                                     f"the bank has {list(self.task_specific)}")
+                raise SkillBankError(
+                    f"{where}.task_keywords: unknown task type {task_type!r}; the bank has {list(self.task_specific)}"
+                )
             if not isinstance(phrases, list) or not all(isinstance(p, str) and p.strip() for p in phrases):
                 raise SkillBankError(f"{where}.task_keywords[{task_type!r}] must be a list of non-empty strings")
             # Whole words only: "hot" must not fire inside another word.
@@ -218,8 +234,10 @@ def load_bank(name_or_path: str | Path) -> SkillBank:
     else:
         res = resources.files("envs").joinpath("skill_banks").joinpath(f"{name_or_path}.json")
         if not res.is_file():
-            raise FileNotFoundError(f"no packaged skill bank {str(name_or_path)!r}; "
-                                    f"choose one of {available_banks()} or give a path to a .json file")
+            raise FileNotFoundError(
+                f"no packaged skill bank {str(name_or_path)!r}; "
+                f"choose one of {available_banks()} or give a path to a .json file"
+            )
         text, source = res.read_text(encoding="utf-8"), f"skill_banks/{name_or_path}.json"
     try:
         data = json.loads(text)
@@ -230,6 +248,7 @@ def load_bank(name_or_path: str | Path) -> SkillBank:
 
 def render(skills: Sequence[Skill], mistakes: Sequence[Mistake]) -> str:
     """Markdown: general skills, then one section per task type (first-seen order), then mistakes."""
+
     def line(s: Skill) -> str:
         return f"- **{s.title}**: {s.principle} (when: {s.when_to_apply})"
 
@@ -244,8 +263,9 @@ def render(skills: Sequence[Skill], mistakes: Sequence[Mistake]) -> str:
     for task_type, group in by_type.items():
         sections.append("\n".join([f"### Skills for {task_type}", *map(line, group)]))
     if mistakes:
-        sections.append("\n".join(["### Common mistakes",
-                                   *(f"- **{m.description}**: {m.how_to_avoid}" for m in mistakes)]))
+        sections.append(
+            "\n".join(["### Common mistakes", *(f"- **{m.description}**: {m.how_to_avoid}" for m in mistakes)])
+        )
     return "\n\n".join(sections)
 
 
@@ -267,13 +287,22 @@ class RetrievedSkills:
 class SkillRetriever:
     """Chooses the skills offered for one episode; holds the UCB statistics (checkpoint them)."""
 
-    def __init__(self, bank: SkillBank, mode: str = "keyword", *, top_k: int = 6, n_mistakes: int = 5,
-                 seed: int = 0, ucb_c: float = 1.0):
+    def __init__(
+        self,
+        bank: SkillBank,
+        mode: str = "keyword",
+        *,
+        top_k: int = 6,
+        n_mistakes: int = 5,
+        seed: int = 0,
+        ucb_c: float = 1.0,
+    ):
         if mode not in set(RetrievalMode):
             raise ValueError(f"skill retrieval mode {mode!r}: choose one of {[m.value for m in RetrievalMode]}")
         if top_k < 1 or n_mistakes < 0 or ucb_c < 0:
-            raise ValueError(f"skill retrieval needs top_k >= 1, n_mistakes >= 0, ucb_c >= 0 "
-                             f"(got {top_k}, {n_mistakes}, {ucb_c})")
+            raise ValueError(
+                f"skill retrieval needs top_k >= 1, n_mistakes >= 0, ucb_c >= 0 (got {top_k}, {n_mistakes}, {ucb_c})"
+            )
         self.bank, self.mode = bank, RetrievalMode(mode)
         self.top_k, self.n_mistakes, self.seed, self.ucb_c = top_k, n_mistakes, seed, ucb_c
         # task type -> (N = episodes recorded, {skill_id: [n = episodes offered to, reward sum]})
@@ -299,8 +328,12 @@ class SkillRetriever:
             skills = [pool[i] for i in sorted(rng.sample(range(len(pool)), min(self.top_k, len(pool))))]
         else:
             skills = self._ucb_pick(task_type)
-        return RetrievedSkills(text=render(skills, mistakes), skill_ids=tuple(s.skill_id for s in skills),
-                               mistake_ids=tuple(m.mistake_id for m in mistakes), task_type=task_type)
+        return RetrievedSkills(
+            text=render(skills, mistakes),
+            skill_ids=tuple(s.skill_id for s in skills),
+            mistake_ids=tuple(m.mistake_id for m in mistakes),
+            task_type=task_type,
+        )
 
     # ----- UCB ------------------------------------------------------------------------------------
     def _ucb_pool(self, task_type: str) -> list[Skill]:
@@ -314,8 +347,9 @@ class SkillRetriever:
         scores = {}
         for s in self._ucb_pool(task_type):
             n, total = stats.get(s.skill_id, (0, 0.0))
-            scores[s.skill_id] = (math.inf if n == 0 else
-                                  total / n + self.ucb_c * math.sqrt(math.log(max(episodes, 1)) / n))
+            scores[s.skill_id] = (
+                math.inf if n == 0 else total / n + self.ucb_c * math.sqrt(math.log(max(episodes, 1)) / n)
+            )
         return scores
 
     def _ucb_pick(self, task_type: str) -> list[Skill]:
@@ -341,14 +375,17 @@ class SkillRetriever:
         self._ucb[task_type] = (episodes + 1, stats)
 
     def state_dict(self) -> dict:
-        return {"ucb": {t: {"episodes": n, "skills": {s: list(v) for s, v in stats.items()}}
-                        for t, (n, stats) in self._ucb.items()}}
+        return {
+            "ucb": {
+                t: {"episodes": n, "skills": {s: list(v) for s, v in stats.items()}}
+                for t, (n, stats) in self._ucb.items()
+            }
+        }
 
     def load_state_dict(self, state: dict) -> None:
         ucb = {}
         for task_type, entry in state.get("ucb", {}).items():
             for sid in entry["skills"]:
                 self.bank.skill(sid)
-            ucb[task_type] = (int(entry["episodes"]),
-                              {s: [int(v[0]), float(v[1])] for s, v in entry["skills"].items()})
+            ucb[task_type] = (int(entry["episodes"]), {s: [int(v[0]), float(v[1])] for s, v in entry["skills"].items()})
         self._ucb = ucb

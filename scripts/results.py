@@ -1,8 +1,9 @@
 """Rebuild or check the stored results behind the docs (``pipeline/tools/results.py``).
 
-    python scripts/results.py rebuild   # every docs/results/<name>/ table from its runs, then the docs' blocks
-    python scripts/results.py check     # exit 1, listing each stored table or doc block that does not follow
+python scripts/results.py rebuild   # every docs/results/<name>/ table from its runs, then the docs' blocks
+python scripts/results.py check     # exit 1, listing each stored table or doc block that does not follow
 """
+
 from __future__ import annotations
 
 import sys

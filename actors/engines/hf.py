@@ -18,6 +18,7 @@ prompt + response (tested in ``tests/integration/test_hf_engine.py``). The recor
 A response is the sampled ids up to and including the first EOS (``finish_reason="stop"``), or
 all ``max_new_tokens`` ids (``"length"``); the pad ids HF writes after a finished row are cut.
 """
+
 from __future__ import annotations
 
 import os
@@ -121,8 +122,11 @@ class HFEngine(GenerationEngine):
     ) -> "HFEngine":
         """Load model (``dtype``: fp32/bf16/...) and tokenizer (``chat_template``: see
         ``pipeline.models.load_tokenizer``) from an HF directory."""
-        return cls(load_model(path, as_torch_dtype(dtype), device), load_tokenizer(path, chat_template),
-                   max_prompt_len=max_prompt_len)
+        return cls(
+            load_model(path, as_torch_dtype(dtype), device),
+            load_tokenizer(path, chat_template),
+            max_prompt_len=max_prompt_len,
+        )
 
     # ------------------------------------------------------------------------------ properties
 

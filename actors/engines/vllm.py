@@ -19,6 +19,7 @@ Same contract as the HF engine (``actors/engines/base.py``):
 Sleep mode (``sleep`` / ``wake_up``) frees the KV cache and offloads weights while a colocated
 learner trains; vLLM implements it for CUDA only, so on CPU both are no-ops.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,14 @@ from pipeline.models import load_tokenizer
 
 __all__ = ["VLLMEngine", "cpu_bind", "request_seed"]
 
-_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
-           "fp16": "float16", "float16": "float16"}
+_DTYPES = {
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+}
 
 
 def cpu_bind(parts: int) -> str:
@@ -47,7 +54,7 @@ def cpu_bind(parts: int) -> str:
     if len(cpus) < parts:
         raise ValueError(f"tensor_parallel_size={parts} on CPU needs >= {parts} cores, this process has {len(cpus)}")
     size = len(cpus) // parts
-    groups = [cpus[i * size:(i + 1) * size] for i in range(parts)]
+    groups = [cpus[i * size : (i + 1) * size] for i in range(parts)]
     return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
@@ -80,10 +87,21 @@ class VLLMEngine(GenerationEngine):
         chat_template: ``model.chat_template`` (see ``pipeline.models.load_tokenizer``).
     """
 
-    def __init__(self, model_path: str | os.PathLike[str], *, dtype: str = "bf16", max_model_len: int = 2048,
-                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
-                 enforce_eager: bool = True, enable_sleep_mode: bool = False, in_process: bool = True,
-                 kv_cache_gb: float = 2.0, seed: int = 0, chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        dtype: str = "bf16",
+        max_model_len: int = 2048,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = True,
+        enable_sleep_mode: bool = False,
+        in_process: bool = True,
+        kv_cache_gb: float = 2.0,
+        seed: int = 0,
+        chat_template: str | None = None,
+    ) -> None:
         if in_process and tensor_parallel_size > 1:
             raise ValueError("tensor_parallel_size > 1 needs in_process=False")
         self._path = Path(model_path)
@@ -113,17 +131,27 @@ class VLLMEngine(GenerationEngine):
         shapes = _checkpoint_shapes(self._path)
         # A tied LM head is not a separate checkpoint tensor; the learner may still send it.
         self._required = shapes
-        self._optional = ({"lm_head.weight": shapes["model.embed_tokens.weight"]}
-                          if config.get("tie_word_embeddings") and "model.embed_tokens.weight" in shapes
-                          and "lm_head.weight" not in shapes else {})
+        self._optional = (
+            {"lm_head.weight": shapes["model.embed_tokens.weight"]}
+            if config.get("tie_word_embeddings")
+            and "model.embed_tokens.weight" in shapes
+            and "lm_head.weight" not in shapes
+            else {}
+        )
         self._llm = LLM(
-            model=str(self._path), dtype=_DTYPES[dtype], max_model_len=self._max_model_len,
-            tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager, enable_sleep_mode=self._sleep_mode, seed=seed,
+            model=str(self._path),
+            dtype=_DTYPES[dtype],
+            max_model_len=self._max_model_len,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            enable_sleep_mode=self._sleep_mode,
+            seed=seed,
             # Inside a Ray actor vLLM would otherwise pick its Ray executor and ask Ray for GPUs
             # the actor already holds; its own processes use the GPUs Ray made visible.
             distributed_executor_backend="mp" if tensor_parallel_size > 1 else None,
-            logprobs_mode="processed_logprobs", generation_config="vllm",
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
         )
         self._version = 0
 
@@ -155,10 +183,19 @@ class VLLMEngine(GenerationEngine):
                 raise ValueError(
                     f"prompt {i} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
                     f"the engine's max_model_len={self._max_model_len}; shorten the prompt or raise "
-                    "rollout.vllm.max_model_len")
+                    "rollout.vllm.max_model_len"
+                )
 
-    def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0, seed: int | None = None, seeds: list[int] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        seeds: list[int] | None = None,
+    ) -> list[Generation]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -171,13 +208,22 @@ class VLLMEngine(GenerationEngine):
             return []
         greedy = temperature == 0
         per_request = None if seed is None and seeds is None else request_seeds(len(prompts), seed, seeds)
-        params = [SamplingParams(
-            n=1, max_tokens=max_new_tokens, temperature=temperature, top_p=1.0 if greedy else top_p,
-            seed=None if (seed is None and seeds is None) or greedy else per_request[i],
-            logprobs=0, stop_token_ids=self._eos_ids, ignore_eos=False, detokenize=False,
-            skip_special_tokens=False) for i in range(len(prompts))]
-        outs = self._llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                  use_tqdm=False)
+        params = [
+            SamplingParams(
+                n=1,
+                max_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=1.0 if greedy else top_p,
+                seed=None if (seed is None and seeds is None) or greedy else per_request[i],
+                logprobs=0,
+                stop_token_ids=self._eos_ids,
+                ignore_eos=False,
+                detokenize=False,
+                skip_special_tokens=False,
+            )
+            for i in range(len(prompts))
+        ]
+        outs = self._llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         return [self._to_generation(o.outputs[0]) for o in outs]
 
     def _to_generation(self, c: Any) -> Generation:
@@ -201,8 +247,10 @@ class VLLMEngine(GenerationEngine):
             raise KeyError(f"load_state_dict: keys not in the model: {', '.join(unexpected[:5])}")
         missing = sorted(set(self._required) - set(state_dict))
         if missing:
-            raise KeyError(f"load_state_dict: model tensors not given: {', '.join(missing[:5])}"
-                           + (f" ... ({len(missing)} in all)" if len(missing) > 5 else ""))
+            raise KeyError(
+                f"load_state_dict: model tensors not given: {', '.join(missing[:5])}"
+                + (f" ... ({len(missing)} in all)" if len(missing) > 5 else "")
+            )
         for k, v in state_dict.items():
             if tuple(v.shape) != tuple(known[k]):
                 raise ValueError(f"load_state_dict: {k} has shape {tuple(v.shape)}, model has {known[k]}")
@@ -216,8 +264,9 @@ class VLLMEngine(GenerationEngine):
         if self._optional and "lm_head.weight" not in weights:
             weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
         if self._in_process:
-            self._llm.collective_rpc("reload_weights", kwargs=dict(
-                weights_iterator=list(weights.items()), is_checkpoint_format=True))
+            self._llm.collective_rpc(
+                "reload_weights", kwargs=dict(weights_iterator=list(weights.items()), is_checkpoint_format=True)
+            )
         else:
             self._reload_from_file(weights)
         self._llm.reset_prefix_cache()
@@ -230,8 +279,9 @@ class VLLMEngine(GenerationEngine):
         tmp = tempfile.mkdtemp(prefix="privy-weights-", dir=root)
         try:
             # clone: safetensors refuses aliased tensors (the tied head)
-            save_file({k: v.detach().to("cpu").clone() for k, v in weights.items()},
-                      os.path.join(tmp, "model.safetensors"))
+            save_file(
+                {k: v.detach().to("cpu").clone() for k, v in weights.items()}, os.path.join(tmp, "model.safetensors")
+            )
             self._llm.collective_rpc("reload_weights", kwargs=dict(weights_path=tmp, is_checkpoint_format=True))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

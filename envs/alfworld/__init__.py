@@ -5,6 +5,7 @@ Modules: ``scenes`` (floor plans, task sampling), ``generator`` (PDDL rendering,
 disk cache), ``engine`` (ALFWorld's PddlEnv stack), ``env`` (the ``TextEnv``), ``prompts``
 (verl-agent's prompt); ``python -m envs.alfworld`` pre-generates the games of a run.
 """
+
 from envs.alfworld.env import AlfworldEnv, AlfworldOptions
 from envs.alfworld.generator import SPLITS, TASK_TYPES, GameRecord, SceneLimits, get_game
 

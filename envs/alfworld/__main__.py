@@ -8,6 +8,7 @@ written are exactly those ``reset(seed)`` asks for with seeds ``0 .. n_tasks-1``
 game takes 1-3 s on one core (a few heat/cool/two-object kitchens up to about 25 s); the small
 scenes of the tests about 0.7 s.
 """
+
 from __future__ import annotations
 
 import argparse

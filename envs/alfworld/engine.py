@@ -23,6 +23,7 @@ whole kitchen with two target objects it measured up to 100 s. ``AlfredExpert``'
 env to wrap, so the expert type must be passed by keyword (ALFWorld's own ``init_env`` passes it
 positionally and silently gets the handcoded expert).
 """
+
 from __future__ import annotations
 
 import functools

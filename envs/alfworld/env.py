@@ -33,13 +33,14 @@ Performance (2-core CPU): see ``engine`` for the per-process engine pool and the
 translation. Small scenes (6-8 receptacles and objects) step in about 40 ms; whole floor plans
 in 50-140 ms, dominated by textworld regenerating the text of every admissible command.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from envs.actions import normalize_action, parse_think_action
 import envs.alfworld.prompts as prompts
+from envs.actions import normalize_action, parse_think_action
 from envs.alfworld.engine import load_engine, release_engine, replan
 from envs.alfworld.expert import SearchingExpert, planned_reason, walkthrough_hint
 from envs.alfworld.generator import SPLITS, TASK_TYPES, GameRecord, SceneLimits, cache_key, get_game
@@ -114,8 +115,12 @@ class AlfworldOptions:
 
     @property
     def limits(self) -> SceneLimits:
-        return SceneLimits(seed=self.generator_seed, max_receptacles=self.max_receptacles,
-                           max_objects=self.max_objects, n_floorplans=self.n_floorplans)
+        return SceneLimits(
+            seed=self.generator_seed,
+            max_receptacles=self.max_receptacles,
+            max_objects=self.max_objects,
+            n_floorplans=self.n_floorplans,
+        )
 
     def n_tasks_for(self, split: str) -> int:
         return ALFWORLD_SPLIT_SIZES[split] if self.n_tasks is None else self.n_tasks
@@ -130,8 +135,10 @@ def check_split(split: str, options: AlfworldOptions) -> None:
     plans = [load_floorplan(n) for n in split_floorplans(split, options.n_floorplans)]
     missing = [t for t in options.task_types if not any(supports(fp, t, split) for fp in plans)]
     if missing:
-        raise ValueError(f"no floor plan among the first {options.n_floorplans or len(plans)} of split {split!r} "
-                         f"supports {missing}; raise alfworld n_floorplans (or set it to 0)")
+        raise ValueError(
+            f"no floor plan among the first {options.n_floorplans or len(plans)} of split {split!r} "
+            f"supports {missing}; raise alfworld n_floorplans (or set it to 0)"
+        )
 
 
 def task_for_seed(options: AlfworldOptions, split: str, seed: int) -> tuple[str, int]:
@@ -189,7 +196,9 @@ class AlfworldEnv(TextEnv):
         self._expert = None  # the searching expert, made on first use (warm start)
         self.max_turns = self.options.max_turns
         if self.options.plan_turns_factor > 0 and self._record.walkthrough:
-            self.max_turns = min(self.max_turns, math.ceil(self.options.plan_turns_factor * len(self._record.walkthrough)))
+            self.max_turns = min(
+                self.max_turns, math.ceil(self.options.plan_turns_factor * len(self._record.walkthrough))
+            )
         return self._obs
 
     def step(self, response: str) -> StepResult:
@@ -310,8 +319,9 @@ class AlfworldEnv(TextEnv):
             return None
         return walkthrough_hint(self._record.walkthrough) or None
 
-    def build_messages(self, history: list[tuple[str, str]], observation: Observation,
-                       history_length: int) -> list[Message]:
+    def build_messages(
+        self, history: list[tuple[str, str]], observation: Observation, history_length: int
+    ) -> list[Message]:
         return prompts.build_messages(history, observation, history_length, task_text=self._task_text or None)
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ copies a state it can see instead of remembering where it has been. A clone of a
 skipped the receptacles it had visited, saying only "the drawer 2 may have what the task needs",
 looped between two receptacles (docs/learning.md).
 """
+
 from __future__ import annotations
 
 import re
@@ -130,10 +131,17 @@ def planned_reason(step: str, after: str) -> str:
 
 
 _REASONS = (  # ALFWorld's command verbs -> a short reason an expert would give
-    ("go to ", "the {0} may have what the task needs"), ("take ", "the task needs the {0}"),
-    ("move ", "the {0} belongs there"), ("put ", "the {0} belongs there"), ("open ", "the {0} is closed"),
-    ("close ", "the {0} is done"), ("heat ", "the {0} must be hot"), ("cool ", "the {0} must be cool"),
-    ("clean ", "the {0} must be clean"), ("use ", "the {0} gives light"), ("examine ", "look at the {0}"),
+    ("go to ", "the {0} may have what the task needs"),
+    ("take ", "the task needs the {0}"),
+    ("move ", "the {0} belongs there"),
+    ("put ", "the {0} belongs there"),
+    ("open ", "the {0} is closed"),
+    ("close ", "the {0} is done"),
+    ("heat ", "the {0} must be hot"),
+    ("cool ", "the {0} must be cool"),
+    ("clean ", "the {0} must be clean"),
+    ("use ", "the {0} gives light"),
+    ("examine ", "look at the {0}"),
 )
 
 
@@ -142,7 +150,7 @@ def expert_reason(action: str) -> str:
     the mug 1``): short, because every token of it is cloned and later sampled."""
     for verb, reason in _REASONS:
         if action.startswith(verb):
-            obj = re.split(r" (?:from|in/on|with|to) ", action[len(verb):])[0]
+            obj = re.split(r" (?:from|in/on|with|to) ", action[len(verb) :])[0]
             return reason.format(obj)
     return "this is the next step"
 

@@ -42,6 +42,7 @@ Excerpt of a generated ``initial_state.pddl`` (train ``pick_and_place_simple`` #
 Its walkthrough: go to diningtable 1, take creditcard 1 from diningtable 1, go to shelf 3,
 move creditcard 1 to shelf 3.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,9 +59,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import alfworld.info
 import alfworld.gen.constants as C
 import alfworld.gen.goal_library as goal_library
+import alfworld.info
 from alfworld.info import ALFRED_PDDL_PATH, ALFRED_TWL2_PATH
 
 from envs.alfworld.scenes import (
@@ -122,8 +123,7 @@ def _domain_and_grammar() -> tuple[str, str, frozenset[str]]:
 def render_problem(p: Problem) -> str:
     _, _, domain_constants = _domain_and_grammar()
     rtypes = sorted(_STATIC_RTYPES)
-    otypes = sorted({t for _, t, _ in p.objects}
-                    | {c[: -len("Type")] for c in domain_constants} - _STATIC_RTYPES)
+    otypes = sorted({t for _, t, _ in p.objects} | {c[: -len("Type")] for c in domain_constants} - _STATIC_RTYPES)
     locations = {r.id: _loc(r.pose) for r in p.receptacles}
     start = _loc(p.start_pose)
     objects = ["agent1 - agent"]
@@ -137,12 +137,16 @@ def render_problem(p: Problem) -> str:
         init.append(f"(receptacleAtLocation {mangle(r.id)} {locations[r.id]})")
         if r.type in C.OPENABLE_CLASS_SET:
             init.append(f"(openable {mangle(r.id)})")
-    init += [f"(canContain {r}Type {o}Type)" for r in rtypes for o in otypes
-             if o in C.VAL_RECEPTACLE_OBJECTS.get(r, ())]
+    init += [
+        f"(canContain {r}Type {o}Type)" for r in rtypes for o in otypes if o in C.VAL_RECEPTACLE_OBJECTS.get(r, ())
+    ]
     for oid, otype, home in p.objects:
         o = mangle(oid)
-        init += [f"(objectType {o} {otype}Type)", f"(inReceptacle {o} {mangle(home.id)})",
-                 f"(objectAtLocation {o} {locations[home.id]})"]
+        init += [
+            f"(objectType {o} {otype}Type)",
+            f"(inReceptacle {o} {mangle(home.id)})",
+            f"(objectAtLocation {o} {locations[home.id]})",
+        ]
         if otype not in ("DeskLamp", "FloorLamp"):
             init.append(f"(pickupable {o})")
         init += [f"({fact} {o})" for aff, fact in _AFFORDANCE_FACTS.items() if otype in C.VAL_ACTION_OBJECTS[aff]]
@@ -161,13 +165,23 @@ def render_problem(p: Problem) -> str:
 def _write_game_dir(directory: Path, p: Problem, walkthrough: list[str]) -> None:
     domain, grammar, _ = _domain_and_grammar()
     problem = render_problem(p)
-    game = {"pddl_domain": domain, "grammar": grammar.replace("UNKNOWN GOAL", p.task_desc),
-            "pddl_problem": problem, "solvable": True, "walkthrough": walkthrough}
+    game = {
+        "pddl_domain": domain,
+        "grammar": grammar.replace("UNKNOWN GOAL", p.task_desc),
+        "pddl_problem": problem,
+        "solvable": True,
+        "walkthrough": walkthrough,
+    }
     traj = {
         "task_type": p.task_type,
         "scene": {"floor_plan": f"FloorPlan{p.floorplan}", "scene_num": p.floorplan},
-        "pddl_params": {"object_target": p.obj, "parent_target": p.recep, "toggle_target": p.toggle,
-                        "mrecep_target": "", "object_sliced": False},
+        "pddl_params": {
+            "object_target": p.obj,
+            "parent_target": p.recep,
+            "toggle_target": p.toggle,
+            "mrecep_target": "",
+            "object_sliced": False,
+        },
         "turk_annotations": {"anns": [{"task_desc": p.task_desc}]},
     }
     (directory / "initial_state.pddl").write_text(problem)
@@ -237,8 +251,13 @@ def _read_record(directory: Path) -> GameRecord | None:
         traj = json.loads((directory / "traj_data.json").read_text())
     except (OSError, ValueError):
         return None
-    return GameRecord(str(directory / "game.tw-pddl"), traj["task_type"], traj["scene"]["scene_num"],
-                      traj["turk_annotations"]["anns"][0]["task_desc"], tuple(game["walkthrough"]))
+    return GameRecord(
+        str(directory / "game.tw-pddl"),
+        traj["task_type"],
+        traj["scene"]["scene_num"],
+        traj["turk_annotations"]["anns"][0]["task_desc"],
+        tuple(game["walkthrough"]),
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -293,16 +312,30 @@ def get_game(limits: SceneLimits, split: str, task_type: str, index: int, cache_
                 os.replace(tmp, final)
             except OSError:  # another process finished the same game first; its copy is identical
                 pass
-            return _read_record(final) or GameRecord(str(final / "game.tw-pddl"), task_type, problem.floorplan,
-                                                     problem.task_desc, tuple(walkthrough))
+            return _read_record(final) or GameRecord(
+                str(final / "game.tw-pddl"), task_type, problem.floorplan, problem.task_desc, tuple(walkthrough)
+            )
         except GenerationError as e:
             errors.append(str(e))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    raise GenerationError(f"no valid {task_type} game for {split}/{index} after {len(errors)} planned draws: "
-                          f"{errors[-3:]}")
+    raise GenerationError(
+        f"no valid {task_type} game for {split}/{index} after {len(errors)} planned draws: {errors[-3:]}"
+    )
 
 
-__all__ = ["GENERATOR_VERSION", "GameRecord", "GenerationError", "SPLITS", "TASK_TYPES", "SceneLimits",
-           "cache_key", "default_cache_dir", "get_game", "problem_candidates", "problem_for", "render_problem",
-           "split_floorplans"]
+__all__ = [
+    "GENERATOR_VERSION",
+    "GameRecord",
+    "GenerationError",
+    "SPLITS",
+    "TASK_TYPES",
+    "SceneLimits",
+    "cache_key",
+    "default_cache_dir",
+    "get_game",
+    "problem_candidates",
+    "problem_for",
+    "render_problem",
+    "split_floorplans",
+]

@@ -27,6 +27,7 @@ is shortened here)::
     You should first reason step-by-step about the current situation. This reasoning process MUST be enclosed within <think> </think> tags.
     Once you've finished your reasoning, you should choose an admissible action for current step and present it within <action> </action> tags.
 """
+
 from __future__ import annotations
 
 from pipeline.core.types import Message
@@ -61,7 +62,7 @@ _TASK_PREFIX = "Your task is to: "
 def extract_task(observation: str) -> str:
     """The task sentence after ``Your task is to: `` ("" if absent), as verl-agent extracts it."""
     start = observation.find(_TASK_PREFIX)
-    return observation[start + len(_TASK_PREFIX):].strip() if start >= 0 else ""
+    return observation[start + len(_TASK_PREFIX) :].strip() if start >= 0 else ""
 
 
 def format_admissible(actions: list[str]) -> str:
@@ -76,8 +77,9 @@ def format_history(history: list[tuple[str, str]], history_length: int) -> tuple
     return "\n".join(lines), len(recent)
 
 
-def build_messages(history: list[tuple[str, str]], observation, history_length: int,
-                   task_text: str | None = None) -> list[Message]:
+def build_messages(
+    history: list[tuple[str, str]], observation, history_length: int, task_text: str | None = None
+) -> list[Message]:
     """The user message for the next turn.
 
     ``history`` holds the (observation, action) pairs of earlier turns, ``observation`` is an
@@ -91,7 +93,12 @@ def build_messages(history: list[tuple[str, str]], observation, history_length: 
             task_text = extract_task(history[0][0])
         action_history, shown = format_history(history, history_length)
         text = ALFWORLD_TEMPLATE.format(
-            task_description=task_text, step_count=len(history), history_length=shown,
-            action_history=action_history, current_step=len(history) + 1,
-            current_observation=observation.text, admissible_actions=admissible)
+            task_description=task_text,
+            step_count=len(history),
+            history_length=shown,
+            action_history=action_history,
+            current_step=len(history) + 1,
+            current_observation=observation.text,
+            admissible_actions=admissible,
+        )
     return [Message(role="user", content=text)]

@@ -19,6 +19,7 @@ one of ``task_types``, a ``game.tw-pddl`` with ``"solvable": true``, and no ``mo
 and cached per (folder, task types); ``reset(seed)`` plays game ``seed % n_games``.
 ``task_id`` is ``<split>/<path of the trial below the split folder>``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -63,8 +64,13 @@ class RealAlfworldOptions:
 
     def engine_options(self) -> AlfworldOptions:
         """The ``AlfworldOptions`` that ``AlfworldEnv.step`` and friends read."""
-        opts = AlfworldOptions(task_types=self.task_types, max_turns=self.max_turns, expert=self.expert,
-                               reject_cjk=self.reject_cjk, action_format=self.action_format)
+        opts = AlfworldOptions(
+            task_types=self.task_types,
+            max_turns=self.max_turns,
+            expert=self.expert,
+            reject_cjk=self.reject_cjk,
+            action_format=self.action_format,
+        )
         try:
             opts.validate()
         except ValueError as e:
@@ -78,7 +84,8 @@ class RealAlfworldOptions:
         if not root:
             raise FileNotFoundError(
                 "alfworld_real needs ALFWorld's game files: set env.options.data_dir, or $ALFWORLD_DATA "
-                f"(the folder holding {DATA_VERSION_DIR}/; `alfworld-download` fills it)")
+                f"(the folder holding {DATA_VERSION_DIR}/; `alfworld-download` fills it)"
+            )
         return Path(root) / DATA_VERSION_DIR
 
 
@@ -86,14 +93,20 @@ def split_dir(data_dir: Path, split: str) -> Path:
     """The ALFWorld folder of a privy split; FileNotFoundError naming what is missing."""
     split = SPLIT_ALIASES.get(split, split)
     if split not in SPLIT_FOLDERS:
-        raise ValueError(f"unknown alfworld_real split {split!r}; choose one of "
-                         f"{list(SPLIT_FOLDERS)} (or ALFWorld's {list(SPLIT_ALIASES)})")
+        raise ValueError(
+            f"unknown alfworld_real split {split!r}; choose one of "
+            f"{list(SPLIT_FOLDERS)} (or ALFWorld's {list(SPLIT_ALIASES)})"
+        )
     if not data_dir.is_dir():
-        raise FileNotFoundError(f"alfworld_real data_dir {str(data_dir)!r} does not exist; point "
-                                "env.options.data_dir (or $ALFWORLD_DATA) at ALFWorld's data (`alfworld-download`)")
+        raise FileNotFoundError(
+            f"alfworld_real data_dir {str(data_dir)!r} does not exist; point "
+            "env.options.data_dir (or $ALFWORLD_DATA) at ALFWorld's data (`alfworld-download`)"
+        )
     folder = data_dir / SPLIT_FOLDERS[split]
     if not folder.is_dir():
-        raise FileNotFoundError(f"alfworld_real split {split!r} expects the folder {str(folder)!r}, which does not exist")
+        raise FileNotFoundError(
+            f"alfworld_real split {split!r} expects the folder {str(folder)!r}, which does not exist"
+        )
     return folder
 
 
@@ -121,8 +134,15 @@ def collect_games(folder: str, task_types: tuple[str, ...]) -> tuple[GameRecord,
             desc = traj["turk_annotations"]["anns"][0]["task_desc"]
         except (KeyError, IndexError, TypeError):
             desc = ""
-        records.append(GameRecord(str(game_file), traj["task_type"], int(traj.get("scene", {}).get("scene_num", -1)),
-                                  desc, tuple(game.get("walkthrough") or ())))
+        records.append(
+            GameRecord(
+                str(game_file),
+                traj["task_type"],
+                int(traj.get("scene", {}).get("scene_num", -1)),
+                desc,
+                tuple(game.get("walkthrough") or ()),
+            )
+        )
     return tuple(records)
 
 
@@ -142,10 +162,12 @@ class RealAlfworldEnv(AlfworldEnv):
         folder = split_dir(real.resolved_data_dir(), split)
         games = collect_games(str(folder), real.task_types)
         if real.n_games:
-            games = games[:real.n_games]
+            games = games[: real.n_games]
         if not games:
-            raise FileNotFoundError(f"alfworld_real found no solvable game of {list(real.task_types)} "
-                                    f"under {str(folder)!r} (expected <task>/<trial>/game.tw-pddl + traj_data.json)")
+            raise FileNotFoundError(
+                f"alfworld_real found no solvable game of {list(real.task_types)} "
+                f"under {str(folder)!r} (expected <task>/<trial>/game.tw-pddl + traj_data.json)"
+            )
         return cls(real, split, folder, games)
 
     @classmethod

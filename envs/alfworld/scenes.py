@@ -35,6 +35,7 @@ a training floor plan belongs to one of ``train`` and ``valid_seen`` (``goal_spl
 is of another split. So no ``valid_seen`` task asks for what a ``train`` task asks for in the same
 room, and ``valid_unseen`` shares not even a floor plan with them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -75,8 +76,13 @@ _NEEDED_AFFORDANCE = {
     "pick_heat_then_place_in_recep": "Heatable",
     "pick_cool_then_place_in_recep": "Coolable",
 }
-_AFFORDANCE_FACTS = {"Cleanable": "cleanable", "Heatable": "heatable", "Coolable": "coolable",
-                     "Toggleable": "toggleable", "Sliceable": "sliceable"}
+_AFFORDANCE_FACTS = {
+    "Cleanable": "cleanable",
+    "Heatable": "heatable",
+    "Coolable": "coolable",
+    "Toggleable": "toggleable",
+    "Sliceable": "sliceable",
+}
 
 
 @dataclass(frozen=True)
@@ -163,8 +169,9 @@ def load_floorplan(number: int) -> Floorplan:
             horizon += 1
         taken.add((x, z, rotation, horizon))
         receptacles[i] = Receptacle(r.id, r.type, (x, z, rotation, horizon))
-    return Floorplan(number, tuple(receptacles), tuple(sorted(set(listed) & _PICKUPABLE)),
-                     tuple(sorted(set(listed) & set(_LAMPS))))
+    return Floorplan(
+        number, tuple(receptacles), tuple(sorted(set(listed) & _PICKUPABLE)), tuple(sorted(set(listed) & set(_LAMPS)))
+    )
 
 
 def _can_hold(rtype: str, otype: str) -> bool:
@@ -188,8 +195,11 @@ def _supports_type(fp: Floorplan, task_type: str) -> bool:
     if task_type in _APPLIANCE and _APPLIANCE[task_type] not in rtypes:
         return False
     if task_type == "look_at_obj_in_light":
-        return bool(fp.lamps) and bool(rtypes & _LAMP_HOSTS) and any(
-            _can_hold(t, o) for o in fp.object_types for t in rtypes)
+        return (
+            bool(fp.lamps)
+            and bool(rtypes & _LAMP_HOSTS)
+            and any(_can_hold(t, o) for o in fp.object_types for t in rtypes)
+        )
     return any(_goal_types(fp, task_type, o) for o in _target_types(fp, task_type))
 
 
@@ -231,8 +241,9 @@ def supports(fp: Floorplan, task_type: str, split: str | None = None) -> bool:
     return any(goal_split(k) == split for k in goal_keys(fp, task_type))
 
 
-def sample_problem(rng: random.Random, fp: Floorplan, task_type: str, limits: SceneLimits,
-                   split: str | None = None) -> Problem | None:
+def sample_problem(
+    rng: random.Random, fp: Floorplan, task_type: str, limits: SceneLimits, split: str | None = None
+) -> Problem | None:
     """Draw one task in ``fp``; None when this draw does not fit (the caller redraws). With
     ``split``, a draw whose goal key is of another split (``goal_split``) does not fit either: it
     is given up right after the goal types are drawn."""

@@ -5,6 +5,7 @@ parsing and the working copy), ``sandbox`` (the contained test runner), ``rubric
 feedback, reward), ``env`` (``CodeEditEnv``, registered as ``code_edit``). The example episode is
 in ``env``'s docstring and in ``docs/envs_code_edit.md``.
 """
+
 from envs.code_edit.env import CodeEditEnv, CodeEditOptions
 
 __all__ = ["CodeEditEnv", "CodeEditOptions"]

@@ -56,6 +56,7 @@ Rendered with SmolLM2's chat template at turn 4 (``history_length=2``) the promp
 about 700 of them the system message: give ``rollout.max_prompt_tokens`` at least 2048.
 ``docs/envs_code_edit.md`` has the full transcript.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -64,12 +65,12 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envs.base import Observation, StepResult, TextEnv, known_options, register_env
 import envs.code_edit.rubric as rubric
 import envs.code_edit.sandbox as sandbox
 import envs.code_edit.tools as tools
-from envs.code_edit.tools import format_tool_call
+from envs.base import Observation, StepResult, TextEnv, known_options, register_env
 from envs.code_edit.tasks import FAMILIES, SPLITS, Task, edit_call, finish_call, generate_task, view_call
+from envs.code_edit.tools import format_tool_call
 from pipeline.core.types import Message
 
 TOOL_ROLES = ("user", "tool")
@@ -115,8 +116,9 @@ class CodeEditOptions:
         if len(set(fams)) != len(fams):
             raise ValueError(f"code_edit: task_families lists a family twice: {list(fams)}")
         if not isinstance(self.max_turns, int) or self.max_turns < 2:
-            raise ValueError("code_edit: max_turns must be an integer >= 2 (an edit and a finish), "
-                             f"got {self.max_turns!r}")
+            raise ValueError(
+                f"code_edit: max_turns must be an integer >= 2 (an edit and a finish), got {self.max_turns!r}"
+            )
         if not isinstance(self.n_tasks, int) or self.n_tasks < 0:
             raise ValueError(f"code_edit: n_tasks must be an integer >= 0 (0 = unlimited), got {self.n_tasks!r}")
         if self.isolation not in ISOLATION:
@@ -128,14 +130,19 @@ class CodeEditOptions:
         try:
             self.limits.validate()
         except ValueError as e:
-            raise ValueError(f"code_edit: {e} (options test_timeout_s, memory_limit_mb, max_procs, "
-                             "max_file_mb)") from None
+            raise ValueError(
+                f"code_edit: {e} (options test_timeout_s, memory_limit_mb, max_procs, max_file_mb)"
+            ) from None
         rubric.validate_weights(self.criterion_weights)
 
     @property
     def limits(self) -> sandbox.SandboxLimits:
-        return sandbox.SandboxLimits(timeout_s=self.test_timeout_s, memory_mb=self.memory_limit_mb,
-                                     max_procs=self.max_procs, max_file_mb=self.max_file_mb)
+        return sandbox.SandboxLimits(
+            timeout_s=self.test_timeout_s,
+            memory_mb=self.memory_limit_mb,
+            max_procs=self.max_procs,
+            max_file_mb=self.max_file_mb,
+        )
 
     @property
     def weights(self) -> dict[str, float]:
@@ -216,16 +223,25 @@ class CodeEditEnv(TextEnv):
         self._turns.append(log)
         done = finished or len(self._turns) >= self.max_turns
         if not done:
-            return StepResult(observation=Observation(text=obs), reward=0.0, done=False, action_valid=valid,
-                              action=action, info=info)
+            return StepResult(
+                observation=Observation(text=obs), reward=0.0, done=False, action_valid=valid, action=action, info=info
+            )
         self._done = True
         criteria, final = self._judge()
         total, won = rubric.reward(criteria, self._weights, self.success_reward)
         info["max_turns_reached"] = not finished
         info["final_tests"] = final.summary()
         info["isolation"] = final.isolation
-        return StepResult(observation=Observation(text=obs), reward=total, done=True, won=won, action_valid=valid,
-                          action=action, criteria=criteria, info=info)
+        return StepResult(
+            observation=Observation(text=obs),
+            reward=total,
+            done=True,
+            won=won,
+            action_valid=valid,
+            action=action,
+            criteria=criteria,
+            info=info,
+        )
 
     # ----- expert and privileged state --------------------------------------------------------------
     def expert_response(self) -> str | None:
@@ -243,8 +259,9 @@ class CodeEditEnv(TextEnv):
         if pending:
             viewed = any(t.tool == "view_file" and t.valid for t in turns)
             return edit_call(pending[0]) if viewed or left <= len(pending) + 1 else view_call(task)
-        last_edit = max((t.index for t in turns if t.tool in ("replace_in_file", "create_file") and t.valid),
-                        default=-1)
+        last_edit = max(
+            (t.index for t in turns if t.tool in ("replace_in_file", "create_file") and t.valid), default=-1
+        )
         tested = any(t.tool == "run_tests" and t.index > last_edit for t in turns)
         return format_tool_call("run_tests", {}) if not tested and left > 1 else finish_call(task)
 
@@ -266,23 +283,34 @@ class CodeEditEnv(TextEnv):
             return None
         if self._hint is None:
             task = self._task
-            result = sandbox.run_tests(self._ws.root, task.test_files,
-                                       extra_tests={"hidden_tests.py": task.hidden_tests}, overrides=task.files,
-                                       limits=self.opts.limits, isolation=self.opts.isolation)
+            result = sandbox.run_tests(
+                self._ws.root,
+                task.test_files,
+                extra_tests={"hidden_tests.py": task.hidden_tests},
+                overrides=task.files,
+                limits=self.opts.limits,
+                isolation=self.opts.isolation,
+            )
             self._hint = failing_tests_hint(result)
         return self._hint or None
 
     def _run_visible_tests(self) -> sandbox.SandboxResult:
         assert self._task is not None and self._ws is not None
-        return sandbox.run_tests(self._ws.root, self._task.test_files, limits=self.opts.limits,
-                                 isolation=self.opts.isolation)
+        return sandbox.run_tests(
+            self._ws.root, self._task.test_files, limits=self.opts.limits, isolation=self.opts.isolation
+        )
 
     def _judge(self):
         task, ws = self._task, self._ws
         assert task is not None and ws is not None
-        final = sandbox.run_tests(ws.root, task.test_files, extra_tests={"hidden_tests.py": task.hidden_tests},
-                                  overrides=task.original_tests, limits=self.opts.limits,
-                                  isolation=self.opts.isolation)
+        final = sandbox.run_tests(
+            ws.root,
+            task.test_files,
+            extra_tests={"hidden_tests.py": task.hidden_tests},
+            overrides=task.original_tests,
+            limits=self.opts.limits,
+            isolation=self.opts.isolation,
+        )
         param_check = None
         if task.param is not None:
             p = task.param
@@ -315,8 +343,9 @@ class CodeEditEnv(TextEnv):
     def workspace(self) -> tools.Workspace | None:
         return self._ws
 
-    def build_messages(self, history: list[tuple[str, str]], observation: Observation,
-                       history_length: int) -> list[Message]:
+    def build_messages(
+        self, history: list[tuple[str, str]], observation: Observation, history_length: int
+    ) -> list[Message]:
         """System (tools), user (task + files), then the last ``history_length`` (call, result) turns.
 
         ``history[i]`` is (observation before turn i, action of turn i); the result of turn i is
@@ -328,8 +357,10 @@ class CodeEditEnv(TextEnv):
         shown = min(max(history_length, 0), n)
         task = first
         if n > shown:
-            task += (f"\n\n(You have already taken {n} turns; the {n - shown} oldest are not shown"
-                     f"{', only the latest result is' if shown == 0 else ''}.)")
+            task += (
+                f"\n\n(You have already taken {n} turns; the {n - shown} oldest are not shown"
+                f"{', only the latest result is' if shown == 0 else ''}.)"
+            )
         messages = [Message(role="system", content=tools.system_prompt()), Message(role="user", content=task)]
         for i in range(n - shown, n):
             messages.append(Message(role="assistant", content=history[i][1]))

@@ -27,6 +27,7 @@ expert's five turns, default weights)::
     -> tests_pass, param_added_and_used, final_table, stays_in_repo, no_test_edits all passed
     reward(criteria, DEFAULT_WEIGHTS, success_reward=1.0) -> (3.25, True)
 """
+
 from __future__ import annotations
 
 import ast
@@ -40,19 +41,23 @@ CRITERIA = ("tests_pass", "param_added_and_used", "final_table", "stays_in_repo"
 
 FEEDBACK = {
     "tests_pass": "Before you finish, call run_tests and keep fixing the source code until every test "
-                  "passes; read each failure line to see which function is wrong.",
+    "passes; read each failure line to see which function is wrong.",
     "param_added_and_used": "Add the requested parameter to the function's signature with exactly the "
-                            "requested default value, and make the function's body actually use it.",
+    "requested default value, and make the function's body actually use it.",
     "final_table": "End by calling finish with a message that contains a Markdown table, e.g. "
-                   "'| file | change |' then '|---|---|' then one row per file you changed.",
+    "'| file | change |' then '|---|---|' then one row per file you changed.",
     "stays_in_repo": "Only use paths relative to the repository root, such as 'calc.py' or "
-                     "'tests/test_shop.py': never absolute paths, '..' or links.",
-    "no_test_edits": "Never modify the files under tests/: change the source code so that the existing "
-                     "tests pass.",
+    "'tests/test_shop.py': never absolute paths, '..' or links.",
+    "no_test_edits": "Never modify the files under tests/: change the source code so that the existing tests pass.",
 }
 
-DEFAULT_WEIGHTS = {"tests_pass": 1.0, "param_added_and_used": 0.5, "final_table": 0.25,
-                   "stays_in_repo": 0.25, "no_test_edits": 0.25}
+DEFAULT_WEIGHTS = {
+    "tests_pass": 1.0,
+    "param_added_and_used": 0.5,
+    "final_table": 0.25,
+    "stays_in_repo": 0.25,
+    "no_test_edits": 0.25,
+}
 
 # A table: a row with at least two cells, then a separator row such as |---|:---:|.
 _TABLE = re.compile(r"^\s*\|?[^\n|]*\|[^\n]*\n\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)+\|?\s*$", re.MULTILINE)
@@ -86,7 +91,7 @@ def check_param(source: str, function: str, name: str, default: str) -> tuple[bo
     fn = funcs[-1]
     args = fn.args
     positional = args.posonlyargs + args.args
-    defaults = dict(zip([a.arg for a in positional[len(positional) - len(args.defaults):]], args.defaults))
+    defaults = dict(zip([a.arg for a in positional[len(positional) - len(args.defaults) :]], args.defaults))
     defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
     if name not in [a.arg for a in positional + args.kwonlyargs]:
         return False, f"{function} has no parameter {name!r}"
@@ -94,8 +99,11 @@ def check_param(source: str, function: str, name: str, default: str) -> tuple[bo
         return False, f"parameter {name!r} has no default"
     if not _same_literal(defaults[name], default):
         return False, f"the default of {name!r} is {ast.unparse(defaults[name])}, not {default}"
-    used = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-               for stmt in fn.body for n in ast.walk(stmt))
+    used = any(
+        isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+        for stmt in fn.body
+        for n in ast.walk(stmt)
+    )
     if not used:
         return False, f"the body of {function} never reads {name!r}"
     return True, ""
@@ -103,8 +111,9 @@ def check_param(source: str, function: str, name: str, default: str) -> tuple[bo
 
 def _same_literal(node: ast.expr, source: str) -> bool:
     try:
-        return ast.literal_eval(node) == ast.literal_eval(source) and \
-            type(ast.literal_eval(node)) is type(ast.literal_eval(source))
+        return ast.literal_eval(node) == ast.literal_eval(source) and type(ast.literal_eval(node)) is type(
+            ast.literal_eval(source)
+        )
     except (ValueError, SyntaxError, TypeError):
         return ast.unparse(node) == ast.unparse(ast.parse(source, mode="eval").body)
 
@@ -122,8 +131,10 @@ def judge(turns: list[TurnLog], *, tests_passed: bool, param_check: tuple[bool, 
     verdicts.append(("stays_in_repo", escape is None, escape if escape is not None else last))
     edit = next((t.index for t in turns if t.touched_tests), None)
     verdicts.append(("no_test_edits", edit is None, edit if edit is not None else last))
-    return [CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else turn, feedback=FEEDBACK[c])
-            for c, ok, turn in verdicts]
+    return [
+        CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else turn, feedback=FEEDBACK[c])
+        for c, ok, turn in verdicts
+    ]
 
 
 def reward(criteria: list[CriterionResult], weights: dict[str, float], success_reward: float) -> tuple[float, bool]:

@@ -65,6 +65,7 @@ Example (a generated ``fix_bug`` task, ``generate_task(4)``, before the fix)::
 
     10 passed, 2 failed
 """
+
 from __future__ import annotations
 
 import math
@@ -89,7 +90,7 @@ _TAIL_BYTES = 64_000
 
 # The runner: read the nonce, remount read-only (in namespaces), drop the uid (as root), run the tests.
 # Arguments: repo, uid (-1 = keep), remount (0/1), probe (0/1), then label/path pairs.
-RUNNER = r'''
+RUNNER = r"""
 import os, sys
 
 def _setup(repo, uid, remount):
@@ -199,7 +200,7 @@ def _main():
     os._exit(0)
 
 _main()
-'''
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,8 +284,14 @@ _PLAN_LOCK = threading.Lock()
 
 def _python_candidates() -> list[str]:
     out = []
-    for p in (sys.executable, os.path.realpath(sys.executable), getattr(sys, "_base_executable", ""),
-              "/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"):
+    for p in (
+        sys.executable,
+        os.path.realpath(sys.executable),
+        getattr(sys, "_base_executable", ""),
+        "/usr/bin/python3",
+        "/usr/local/bin/python3",
+        "/bin/python3",
+    ):
         if p and os.path.isfile(p) and p not in out:
             out.append(p)
     return out
@@ -325,18 +332,25 @@ def _probe(mode: str) -> _Plan:
                     missing.append(f"stronger isolation failed its probe ({failures[-1]})")
                 return _Plan(namespaces, userns, drop, python, "; ".join(missing))
             tail = r.output_tail.strip().splitlines()
-            failures.append(f"namespaces={namespaces}, userns={userns}, drop_uid={drop}, {python}: "
-                            f"{tail[-1] if tail else r.summary()}")
+            failures.append(
+                f"namespaces={namespaces}, userns={userns}, drop_uid={drop}, {python}: "
+                f"{tail[-1] if tail else r.summary()}"
+            )
         if mode == "namespaces":
             break
-    raise RuntimeError(f"the test sandbox (isolation={mode!r}) cannot run here: "
-                       + "; ".join(missing + failures))
+    raise RuntimeError(f"the test sandbox (isolation={mode!r}) cannot run here: " + "; ".join(missing + failures))
 
 
 # ----- running ------------------------------------------------------------------------------------
-def run_tests(repo: Path | str, test_files: Sequence[str], *, extra_tests: Mapping[str, str] | None = None,
-              overrides: Mapping[str, str] | None = None, limits: SandboxLimits = SandboxLimits(),
-              isolation: str = "auto") -> SandboxResult:
+def run_tests(
+    repo: Path | str,
+    test_files: Sequence[str],
+    *,
+    extra_tests: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str] | None = None,
+    limits: SandboxLimits = SandboxLimits(),
+    isolation: str = "auto",
+) -> SandboxResult:
     """Run ``test_files`` (paths relative to ``repo``) and ``extra_tests`` ({label: source}, e.g. hidden
     tests kept outside the repo) on a temporary copy of ``repo``; ``overrides`` ({path: content})
     are written into the copy first (e.g. the original tests, to judge against them).
@@ -347,12 +361,20 @@ def run_tests(repo: Path | str, test_files: Sequence[str], *, extra_tests: Mappi
     if isolation not in ("auto", "namespaces", "none"):
         raise ValueError(f"sandbox isolation must be auto | namespaces | none, got {isolation!r}")
     limits.validate()
-    return _execute(_plan(isolation), Path(repo), list(test_files), dict(extra_tests or {}), limits,
-                    overrides=dict(overrides or {}))
+    return _execute(
+        _plan(isolation), Path(repo), list(test_files), dict(extra_tests or {}), limits, overrides=dict(overrides or {})
+    )
 
 
-def _execute(plan: _Plan, repo: Path, test_files: list[str], extra_tests: dict[str, str],
-             limits: SandboxLimits, probe: bool = False, overrides: dict[str, str] | None = None) -> SandboxResult:
+def _execute(
+    plan: _Plan,
+    repo: Path,
+    test_files: list[str],
+    extra_tests: dict[str, str],
+    limits: SandboxLimits,
+    probe: bool = False,
+    overrides: dict[str, str] | None = None,
+) -> SandboxResult:
     t0 = time.monotonic()
     uid = secrets.SystemRandom().randrange(*UID_RANGE) if plan.drop_uid else None
     root = Path(tempfile.mkdtemp(prefix="privy-sbx-"))
@@ -391,19 +413,49 @@ def _execute(plan: _Plan, repo: Path, test_files: list[str], extra_tests: dict[s
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _spawn(plan: _Plan, work: Path, uid: int | None, pairs: list[str], limits: SandboxLimits,
-           probe: bool) -> tuple[int, bool, str, str]:
+def _spawn(
+    plan: _Plan, work: Path, uid: int | None, pairs: list[str], limits: SandboxLimits, probe: bool
+) -> tuple[int, bool, str, str]:
     """Start the runner, feed it the nonce, wait, kill the group; (rc, timed_out, nonce, output tail)."""
     nonce = secrets.token_hex(16)
-    runner = [plan.python, "-I", "-S", "-B", "-c", RUNNER, str(work), str(uid if uid is not None else -1),
-              "1" if plan.namespaces else "0", "1" if probe else "0", *pairs]
+    runner = [
+        plan.python,
+        "-I",
+        "-S",
+        "-B",
+        "-c",
+        RUNNER,
+        str(work),
+        str(uid if uid is not None else -1),
+        "1" if plan.namespaces else "0",
+        "1" if probe else "0",
+        *pairs,
+    ]
     cmd = runner
     if plan.namespaces:
-        cmd = ["unshare", *(["--user", "--map-root-user"] if plan.userns else []), "--net", "--mount", "--pid",
-               "--fork", "--kill-child", "--mount-proc", "--propagation", "private", "--", *runner]
+        cmd = [
+            "unshare",
+            *(["--user", "--map-root-user"] if plan.userns else []),
+            "--net",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "--",
+            *runner,
+        ]
     nproc = limits.max_procs if uid is not None else _own_process_count() + limits.max_procs
-    rlimits = {"as": limits.memory_mb * 2**20, "cpu": limits.cpu_s, "nproc": nproc,
-               "fsize": limits.max_file_mb * 2**20, "nofile": 256, "core": 0}
+    rlimits = {
+        "as": limits.memory_mb * 2**20,
+        "cpu": limits.cpu_s,
+        "nproc": nproc,
+        "fsize": limits.max_file_mb * 2**20,
+        "nofile": 256,
+        "core": 0,
+    }
     preexec = None
     prlimit = shutil.which("prlimit")
     if prlimit:
@@ -411,10 +463,18 @@ def _spawn(plan: _Plan, work: Path, uid: int | None, pairs: list[str], limits: S
     else:  # pragma: no cover - util-linux always ships prlimit where it ships unshare
         preexec = _rlimit_setter(rlimits)
     tag = secrets.token_hex(8)  # marks the run's processes in /proc/<pid>/environ (cleanup without a private uid)
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work),
-           "PRIVY_SANDBOX_RUN": tag}
-    proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec, close_fds=True)
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work), "PRIVY_SANDBOX_RUN": tag}
+    proc = subprocess.Popen(
+        cmd,
+        cwd=work,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=preexec,
+        close_fds=True,
+    )
     tail = _TailReader(proc.stdout)
     timed_out = False
     try:
@@ -483,8 +543,14 @@ def _wait(proc: subprocess.Popen, timeout: float) -> None:
 def _rlimit_setter(rlimits: dict[str, int]):  # pragma: no cover - fallback without prlimit
     import resource
 
-    names = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "nproc": resource.RLIMIT_NPROC,
-             "fsize": resource.RLIMIT_FSIZE, "nofile": resource.RLIMIT_NOFILE, "core": resource.RLIMIT_CORE}
+    names = {
+        "as": resource.RLIMIT_AS,
+        "cpu": resource.RLIMIT_CPU,
+        "nproc": resource.RLIMIT_NPROC,
+        "fsize": resource.RLIMIT_FSIZE,
+        "nofile": resource.RLIMIT_NOFILE,
+        "core": resource.RLIMIT_CORE,
+    }
 
     def apply() -> None:
         for key, value in rlimits.items():
@@ -565,8 +631,9 @@ def _own_process_count() -> int:
 _SUMMARY = re.compile(r"^(?P<nonce>[0-9a-f]{32}) (?P<passed>\d+) passed, (?P<failed>\d+) failed$", re.MULTILINE)
 
 
-def _result(raw: str, nonce: str, rc: int, timed_out: bool, duration: float, plan: _Plan,
-            uid: int | None) -> SandboxResult:
+def _result(
+    raw: str, nonce: str, rc: int, timed_out: bool, duration: float, plan: _Plan, uid: int | None
+) -> SandboxResult:
     passed = failed = 0
     completed = False
     for m in _SUMMARY.finditer(raw):
@@ -577,11 +644,25 @@ def _result(raw: str, nonce: str, rc: int, timed_out: bool, duration: float, pla
     text = raw.replace(nonce + " ", "") if nonce else raw
     text = re.sub(r"\n{3,}", "\n\n", text).strip("\n")
     warn = re.findall(r"privy-sandbox-warning: (.*)", text)
-    isolation = Isolation(network=plan.namespaces, filesystem=plan.namespaces and not warn,
-                          pid_namespace=plan.namespaces, uid=uid, python=plan.python,
-                          reason="; ".join([plan.reason] * bool(plan.reason) + warn))
+    isolation = Isolation(
+        network=plan.namespaces,
+        filesystem=plan.namespaces and not warn,
+        pid_namespace=plan.namespaces,
+        uid=uid,
+        python=plan.python,
+        reason="; ".join([plan.reason] * bool(plan.reason) + warn),
+    )
     sig = -rc if rc < 0 else None
-    return SandboxResult(passed=passed, failed=failed, timed_out=timed_out, killed=sig is not None, signal=sig,
-                         returncode=rc, completed=completed and not timed_out,
-                         setup_failed=rc == SETUP_FAILED_EXIT and "privy-sandbox-setup-failed" in text,
-                         output_tail=text[-4000:], duration_s=duration, isolation=isolation)
+    return SandboxResult(
+        passed=passed,
+        failed=failed,
+        timed_out=timed_out,
+        killed=sig is not None,
+        signal=sig,
+        returncode=rc,
+        completed=completed and not timed_out,
+        setup_failed=rc == SETUP_FAILED_EXIT and "privy-sandbox-setup-failed" in text,
+        output_tail=text[-4000:],
+        duration_s=duration,
+        isolation=isolation,
+    )

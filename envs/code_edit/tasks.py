@@ -51,6 +51,7 @@ A real task (``generate_task(2, "train")``)::
     hidden tests: shorten('hello world', 8) == 'hello...', and
                   `not hasattr(strutil, "truncate")`
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,8 +63,11 @@ from envs.code_edit.tools import format_tool_call
 
 FAMILIES = ("fix_bug", "add_param", "rename", "implement")
 KINDS = ("text", "math", "list")
-MODULE_NAMES = {"text": ("textkit", "wordtools", "strutil"), "math": ("mathkit", "calc", "numtools"),
-                "list": ("listkit", "seqtools", "itemutil")}
+MODULE_NAMES = {
+    "text": ("textkit", "wordtools", "strutil"),
+    "math": ("mathkit", "calc", "numtools"),
+    "list": ("listkit", "seqtools", "itemutil"),
+}
 FRONTEND_NAMES = ("app", "report", "frontend", "display")
 PROJECTS = ("ledger", "notes", "shop", "garden", "library", "weather", "recipes", "fitness", "travel", "music")
 MODULE_DOCS = {"text": "Text helpers", "math": "Number helpers", "list": "List helpers"}
@@ -94,15 +98,17 @@ def _assign_splits() -> dict[str, dict[str, tuple[str, ...]]]:
     pairs: dict[str, dict[str, tuple[str, ...]]] = {split: {} for split in SPLITS}
     for family in FAMILIES:
         specs = eligible_specs(family)
-        by_kind = {kind: sorted((s.key for s in specs if s.kind == kind), key=lambda k: _rank(f"{family}/{k}"))
-                   for kind in KINDS}
+        by_kind = {
+            kind: sorted((s.key for s in specs if s.kind == kind), key=lambda k: _rank(f"{family}/{k}"))
+            for kind in KINDS
+        }
         kinds = sorted(KINDS, key=lambda kind: _rank(f"{family}/kind:{kind}"))
         order: list[str] = []
         for i in range(max(len(keys) for keys in by_kind.values())):
             order += [by_kind[kind][i] for kind in kinds if i < len(by_kind[kind])]
         n = max(MIN_HELD_OUT, round(HELD_OUT_SHARE * len(order)))
         assert len(order) >= 3 * n, (family, len(order))
-        chosen = {"test": set(order[:n]), "valid": set(order[n:2 * n]), "train": set(order[2 * n:])}
+        chosen = {"test": set(order[:n]), "valid": set(order[n : 2 * n]), "train": set(order[2 * n :])}
         for split, keys in chosen.items():
             pairs[split][family] = tuple(s.key for s in specs if s.key in keys)
     return pairs
@@ -160,8 +166,9 @@ class Task:
 
 
 # ----- generation ---------------------------------------------------------------------------------
-def generate_task(seed: int, split: str = "train", families: tuple[str, ...] = FAMILIES,
-                  hint_location: bool = True) -> Task:
+def generate_task(
+    seed: int, split: str = "train", families: tuple[str, ...] = FAMILIES, hint_location: bool = True
+) -> Task:
     """The task of (split, seed): family ``families[seed % len(families)]``, its target among the
     split's pairs of that family (``SPLIT_PAIRS``), the rest drawn by the seed."""
     if split not in SPLITS:
@@ -224,13 +231,17 @@ def generate_task(seed: int, split: str = "train", families: tuple[str, ...] = F
         cases = list(spec.cases)
         if spec is target:
             keep = 2 if family == "implement" else len(cases) - 1
-            hidden += [(f"test_{new_name}_hidden_{i}", _assertion(env, spec.name, test_names[spec.key], c))
-                       for i, c in enumerate(cases[keep:], 1)]
+            hidden += [
+                (f"test_{new_name}_hidden_{i}", _assertion(env, spec.name, test_names[spec.key], c))
+                for i, c in enumerate(cases[keep:], 1)
+            ]
             cases = cases[:keep]
         else:
             cases = cases[:2]
-        visible += [(f"test_{test_names[spec.key]}_{i}", _assertion(env, spec.name, test_names[spec.key], c))
-                    for i, c in enumerate(cases, 1)]
+        visible += [
+            (f"test_{test_names[spec.key]}_{i}", _assertion(env, spec.name, test_names[spec.key], c))
+            for i, c in enumerate(cases, 1)
+        ]
     for spec in wrapped:
         case = spec.cases[0]
         call = f"show_{spec.label}({case})"
@@ -239,12 +250,20 @@ def generate_task(seed: int, split: str = "train", families: tuple[str, ...] = F
     if family == "add_param":
         assert target.param is not None
         pnames = _param_namespace(target)
-        hidden += [(f"test_{target.name}_{target.param.name}_{i}",
-                    f"assert {target.name}({c}) == {pnames[target.name](*_args(pnames, c), **_kwargs(pnames, c))!r}")
-                   for i, c in enumerate(target.param.cases, 1)]
+        hidden += [
+            (
+                f"test_{target.name}_{target.param.name}_{i}",
+                f"assert {target.name}({c}) == {pnames[target.name](*_args(pnames, c), **_kwargs(pnames, c))!r}",
+            )
+            for i, c in enumerate(target.param.cases, 1)
+        ]
     if family == "rename":
-        hidden.append((f"test_{target.name}_is_gone",
-                       f"import {target_mod}\n    assert not hasattr({target_mod}, {target.name!r})"))
+        hidden.append(
+            (
+                f"test_{target.name}_is_gone",
+                f"import {target_mod}\n    assert not hasattr({target_mod}, {target.name!r})",
+            )
+        )
 
     imports_visible = _imports(every, module_of, test_names, wrapped, frontend)
     test_path = f"tests/test_{project}.py"
@@ -263,10 +282,13 @@ def generate_task(seed: int, split: str = "train", families: tuple[str, ...] = F
     elif family == "add_param":
         edits.append(Edit(path, target.source(), target.with_param()))
     else:
-        edits += [Edit(path, f"def {target.name}(", f"def {new_name}("),
-                  Edit(f"{frontend}.py", f"from {target_mod} import {target.name}\n",
-                       f"from {target_mod} import {new_name}\n"),
-                  Edit(f"{frontend}.py", f"repr({target.name}(*args))", f"repr({new_name}(*args))")]
+        edits += [
+            Edit(path, f"def {target.name}(", f"def {new_name}("),
+            Edit(
+                f"{frontend}.py", f"from {target_mod} import {target.name}\n", f"from {target_mod} import {new_name}\n"
+            ),
+            Edit(f"{frontend}.py", f"repr({target.name}(*args))", f"repr({new_name}(*args))"),
+        ]
     after = dict(files)
     for e in edits:  # each applies exactly once, in order, and leaves no second match behind
         assert after[e.path].count(e.old) == 1, (seed, split, e)
@@ -278,10 +300,21 @@ def generate_task(seed: int, split: str = "train", families: tuple[str, ...] = F
         assert target.param is not None
         param = ParamRequirement(path, target.name, target.param.name, target.param.default)
     instruction = _instruction(family, target, path, test_path, new_name, hint_location)
-    return Task(task_id=f"code_edit-{split}-{seed}-{family}-{target.key}", family=family, split=split, seed=seed,
-                instruction=instruction, files=files, test_files=(test_path,), hidden_tests=hidden_src,
-                reference_edits=tuple(edits), target_module=path, target_function=target.name, param=param,
-                notes={"project": project, "frontend": f"{frontend}.py", "new_name": new_name})
+    return Task(
+        task_id=f"code_edit-{split}-{seed}-{family}-{target.key}",
+        family=family,
+        split=split,
+        seed=seed,
+        instruction=instruction,
+        files=files,
+        test_files=(test_path,),
+        hidden_tests=hidden_src,
+        reference_edits=tuple(edits),
+        target_module=path,
+        target_function=target.name,
+        param=param,
+        notes={"project": project, "frontend": f"{frontend}.py", "new_name": new_name},
+    )
 
 
 def _unique_snippet(text: str, spec: FunctionSpec, good: str, bad: str) -> tuple[str, str]:
@@ -296,8 +329,8 @@ def _unique_snippet(text: str, spec: FunctionSpec, good: str, bad: str) -> tuple
     extra = len(good_lines) - len(lines)
     for width in range(1, len(lines) + 1):
         for start in range(max(0, first - width + 1), min(first, len(lines) - 1) + 1):
-            old = "".join(lines[start:start + width])
-            new = "".join(good_lines[start:start + width + extra])
+            old = "".join(lines[start : start + width])
+            new = "".join(good_lines[start : start + width + extra])
             if old and text.count(old) == 1 and old not in text.replace(old, new):
                 return old, new
     return spec.buggy(), spec.source()
@@ -306,39 +339,57 @@ def _unique_snippet(text: str, spec: FunctionSpec, good: str, bad: str) -> tuple
 def _instruction(family: str, spec: FunctionSpec, path: str, test_path: str, new_name: str, hint: bool) -> str:
     if family == "fix_bug":
         where = f" The bug is in the function `{spec.name}` in `{path}`." if hint else ""
-        head = (f"The tests in `{test_path}` fail because of a bug in the source code.{where} "
-                "Fix the bug so that all tests pass.")
+        head = (
+            f"The tests in `{test_path}` fail because of a bug in the source code.{where} "
+            "Fix the bug so that all tests pass."
+        )
     elif family == "add_param":
         assert spec.param is not None
         p = spec.param
-        head = (f"Add a parameter `{p.name}` with the default value `{p.default}` to the function "
-                f"`{spec.name}` in `{path}`, and use it: {p.describe}. Calls that do not pass "
-                f"`{p.name}` must behave exactly as before.")
+        head = (
+            f"Add a parameter `{p.name}` with the default value `{p.default}` to the function "
+            f"`{spec.name}` in `{path}`, and use it: {p.describe}. Calls that do not pass "
+            f"`{p.name}` must behave exactly as before."
+        )
     elif family == "rename":
-        head = (f"Rename the function `{spec.name}` in `{path}` to `{new_name}` and update every place "
-                "that uses it. The tests already use the new name.")
+        head = (
+            f"Rename the function `{spec.name}` in `{path}` to `{new_name}` and update every place "
+            "that uses it. The tests already use the new name."
+        )
     else:
-        head = (f"Implement the function `{spec.name}` in `{path}`; it currently raises "
-                f"NotImplementedError. Its docstring says what it must do: {spec.doc}")
-    return (f"Task: {head} Do not modify the files under `tests/`. Work with the tools, run the tests, "
-            "and when you are done call `finish` with a message that summarises your changes as a "
-            "Markdown table with the columns `file` and `change`.")
+        head = (
+            f"Implement the function `{spec.name}` in `{path}`; it currently raises "
+            f"NotImplementedError. Its docstring says what it must do: {spec.doc}"
+        )
+    return (
+        f"Task: {head} Do not modify the files under `tests/`. Work with the tools, run the tests, "
+        "and when you are done call `finish` with a message that summarises your changes as a "
+        "Markdown table with the columns `file` and `change`."
+    )
 
 
-def _frontend_source(project: str, wrapped: list[FunctionSpec], module_of: dict[str, str],
-                     names: dict[str, str]) -> str:
+def _frontend_source(
+    project: str, wrapped: list[FunctionSpec], module_of: dict[str, str], names: dict[str, str]
+) -> str:
     lines = [f'"""Front end of the {project} project: formats helper results for display."""']
     lines += [f"from {module_of[s.key]} import {names[s.key]}" for s in wrapped]
     parts = ["\n".join(lines) + "\n"]
     for s in wrapped:
-        parts.append(f"def show_{s.label}(*args):\n"
-                     f'    """Format one result for display."""\n'
-                     f'    return "{s.label}: " + repr({names[s.key]}(*args))\n')
+        parts.append(
+            f"def show_{s.label}(*args):\n"
+            f'    """Format one result for display."""\n'
+            f'    return "{s.label}: " + repr({names[s.key]}(*args))\n'
+        )
     return "\n\n".join(parts)
 
 
-def _imports(every: list[FunctionSpec], module_of: dict[str, str], names: dict[str, str],
-             wrapped: list[FunctionSpec], frontend: str) -> list[str]:
+def _imports(
+    every: list[FunctionSpec],
+    module_of: dict[str, str],
+    names: dict[str, str],
+    wrapped: list[FunctionSpec],
+    frontend: str,
+) -> list[str]:
     by_module: dict[str, list[str]] = {}
     for s in every:
         by_module.setdefault(module_of[s.key], []).append(names[s.key])
@@ -353,29 +404,30 @@ def _test_module(doc: str, imports: list[str], tests: list[tuple[str, str]]) -> 
     return "\n\n".join(parts)
 
 
-def _reference_namespace(every: list[FunctionSpec], wrapped: list[FunctionSpec], module_of: dict[str, str],
-                         names: dict[str, str]) -> dict:
+def _reference_namespace(
+    every: list[FunctionSpec], wrapped: list[FunctionSpec], module_of: dict[str, str], names: dict[str, str]
+) -> dict:
     env: dict = {}
     for s in every:
-        exec(s.source(), env)  # noqa: S102 - our own reference code, to compute expected values
+        exec(s.source(), env)  # our own reference code, to compute expected values
     for s in wrapped:
         wrapper = f"def show_{s.label}(*args):\n    return {s.label!r} + ': ' + repr({names[s.key]}(*args))\n"
-        exec(wrapper, env)  # noqa: S102
+        exec(wrapper, env)
     return env
 
 
 def _param_namespace(spec: FunctionSpec) -> dict:
     env: dict = {}
-    exec(spec.with_param(), env)  # noqa: S102
+    exec(spec.with_param(), env)
     return env
 
 
 def _args(env: dict, case: str) -> tuple:
-    return eval(f"(lambda *a, **k: a)({case})", env)  # noqa: S307 - generator-owned literals
+    return eval(f"(lambda *a, **k: a)({case})", env)  # generator-owned literals
 
 
 def _kwargs(env: dict, case: str) -> dict:
-    return eval(f"(lambda *a, **k: k)({case})", env)  # noqa: S307
+    return eval(f"(lambda *a, **k: k)({case})", env)
 
 
 def _assertion(env: dict, ref_name: str, shown_name: str, case: str) -> str:
@@ -386,8 +438,12 @@ def _assertion(env: dict, ref_name: str, shown_name: str, case: str) -> str:
 # ----- the scripted expert -----------------------------------------------------------------------------
 def expert_responses(task: Task) -> list[str]:
     """The reference solution as model responses: view, the edits, run the tests, finish with a table."""
-    return [view_call(task), *(edit_call(e) for e in task.reference_edits), format_tool_call("run_tests", {}),
-            finish_call(task)]
+    return [
+        view_call(task),
+        *(edit_call(e) for e in task.reference_edits),
+        format_tool_call("run_tests", {}),
+        finish_call(task),
+    ]
 
 
 def view_call(task: Task) -> str:
@@ -405,7 +461,9 @@ def finish_call(task: Task) -> str:
 
 
 def _change_summary(task: Task, path: str) -> str:
-    return {"fix_bug": f"fixed the bug in `{task.target_function}`",
-            "add_param": f"added `{task.param.name if task.param else ''}` to `{task.target_function}`",
-            "rename": f"renamed `{task.target_function}` to `{task.notes['new_name']}`",
-            "implement": f"implemented `{task.target_function}`"}[task.family]
+    return {
+        "fix_bug": f"fixed the bug in `{task.target_function}`",
+        "add_param": f"added `{task.param.name if task.param else ''}` to `{task.target_function}`",
+        "rename": f"renamed `{task.target_function}` to `{task.notes['new_name']}`",
+        "implement": f"implemented `{task.target_function}`",
+    }[task.family]

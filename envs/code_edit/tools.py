@@ -28,6 +28,7 @@ template does exactly that wrapping for ``role: "tool"`` (a user turn holding
 ``\\n<tool_response>\\n...\\n</tool_response>``); SmolLM2's template has no tool handling and
 would print a raw ``<|im_start|>tool`` turn, a role it never saw in training, hence the default.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,21 +46,40 @@ MAX_SEARCH_HITS = 30
 _STR = {"type": "string"}
 TOOL_SPECS: tuple[dict, ...] = (
     {"name": "list_files", "description": "List every file in the repository.", "parameters": {}},
-    {"name": "view_file", "description": "Show the content of a file.",
-     "parameters": {"path": dict(_STR, description="file path relative to the repository root")}},
-    {"name": "search", "description": "Find the lines that contain a literal string, in every file.",
-     "parameters": {"pattern": dict(_STR, description="the exact text to look for (case-sensitive)")}},
-    {"name": "replace_in_file", "description": "Replace a piece of text in a file. `old` must appear exactly once "
-     "in the file, character for character (indentation included).",
-     "parameters": {"path": dict(_STR, description="file path relative to the repository root"),
-                    "old": dict(_STR, description="the exact text to replace"),
-                    "new": dict(_STR, description="the replacement text")}},
-    {"name": "create_file", "description": "Create a file, or overwrite it, with the given content.",
-     "parameters": {"path": dict(_STR, description="file path relative to the repository root"),
-                    "content": dict(_STR, description="the whole content of the file")}},
+    {
+        "name": "view_file",
+        "description": "Show the content of a file.",
+        "parameters": {"path": dict(_STR, description="file path relative to the repository root")},
+    },
+    {
+        "name": "search",
+        "description": "Find the lines that contain a literal string, in every file.",
+        "parameters": {"pattern": dict(_STR, description="the exact text to look for (case-sensitive)")},
+    },
+    {
+        "name": "replace_in_file",
+        "description": "Replace a piece of text in a file. `old` must appear exactly once "
+        "in the file, character for character (indentation included).",
+        "parameters": {
+            "path": dict(_STR, description="file path relative to the repository root"),
+            "old": dict(_STR, description="the exact text to replace"),
+            "new": dict(_STR, description="the replacement text"),
+        },
+    },
+    {
+        "name": "create_file",
+        "description": "Create a file, or overwrite it, with the given content.",
+        "parameters": {
+            "path": dict(_STR, description="file path relative to the repository root"),
+            "content": dict(_STR, description="the whole content of the file"),
+        },
+    },
     {"name": "run_tests", "description": "Run the repository's tests and show the failures.", "parameters": {}},
-    {"name": "finish", "description": "End the task. Call it once the tests pass.",
-     "parameters": {"message": dict(_STR, description="summary of your changes, as a Markdown table")}},
+    {
+        "name": "finish",
+        "description": "End the task. Call it once the tests pass.",
+        "parameters": {"message": dict(_STR, description="summary of your changes, as a Markdown table")},
+    },
 )
 TOOLS = {t["name"]: t for t in TOOL_SPECS}
 ESCAPING_TOOLS = ("view_file", "replace_in_file", "create_file")  # the tools that take a path
@@ -68,9 +88,14 @@ ESCAPING_TOOLS = ("view_file", "replace_in_file", "create_file")  # the tools th
 def tool_schema(spec: dict) -> dict:
     """One tool in the OpenAI/Qwen function format (what goes inside ``<tools></tools>``)."""
     params = spec["parameters"]
-    return {"type": "function", "function": {
-        "name": spec["name"], "description": spec["description"],
-        "parameters": {"type": "object", "properties": params, "required": list(params)}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": spec["name"],
+            "description": spec["description"],
+            "parameters": {"type": "object", "properties": params, "required": list(params)},
+        },
+    }
 
 
 def system_prompt() -> str:
@@ -84,7 +109,8 @@ def system_prompt() -> str:
         f"<tools>\n{tools}\n</tools>\n\n"
         "To call a function, write a JSON object with its name and arguments inside "
         "<tool_call></tool_call> XML tags:\n"
-        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
 
 
 def format_tool_call(name: str, arguments: dict) -> str:
@@ -121,17 +147,25 @@ def parse_tool_call(text: str) -> ParsedResponse:
     n = text.count(TOOL_CALL_OPEN)
     start = text.find(TOOL_CALL_OPEN)
     if start < 0:
-        return ParsedResponse(None, "no tool call found. Call exactly one tool per turn, as "
-                              '<tool_call>\n{"name": "list_files", "arguments": {}}\n</tool_call>', 0)
+        return ParsedResponse(
+            None,
+            "no tool call found. Call exactly one tool per turn, as "
+            '<tool_call>\n{"name": "list_files", "arguments": {}}\n</tool_call>',
+            0,
+        )
     end = text.find(TOOL_CALL_CLOSE, start)
     if end < 0:
         return ParsedResponse(None, "the <tool_call> block is never closed with </tool_call>.", n)
-    body = _FENCE.sub("", text[start + len(TOOL_CALL_OPEN):end].strip())
+    body = _FENCE.sub("", text[start + len(TOOL_CALL_OPEN) : end].strip())
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
-        return ParsedResponse(None, f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}). "
-                              "Write one JSON object with double-quoted keys and strings.", n)
+        return ParsedResponse(
+            None,
+            f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}). "
+            "Write one JSON object with double-quoted keys and strings.",
+            n,
+        )
     if not isinstance(obj, dict):
         return ParsedResponse(None, 'the tool call must be a JSON object {"name": ..., "arguments": {...}}.', n)
     extra = sorted(set(obj) - {"name", "arguments"})
@@ -148,8 +182,9 @@ def parse_tool_call(text: str) -> ParsedResponse:
     missing = [a for a in expected if a not in args]
     unexpected = sorted(set(args) - set(expected))
     if missing or unexpected:
-        parts = ([f"is missing argument(s) {missing}"] if missing else []) + \
-                ([f"got unexpected argument(s) {unexpected}"] if unexpected else [])
+        parts = ([f"is missing argument(s) {missing}"] if missing else []) + (
+            [f"got unexpected argument(s) {unexpected}"] if unexpected else []
+        )
         return ParsedResponse(None, f"{name} {' and '.join(parts)}; its arguments are {expected}.", n)
     wrong = [a for a in expected if not isinstance(args[a], str)]
     if wrong:
@@ -203,8 +238,11 @@ class Workspace:
             raise ToolError("the path contains a NUL character.")
         pure = PurePosixPath(path.strip())
         if pure.is_absolute() or path.strip().startswith("~"):
-            raise ToolError(f"{path!r} is not a relative path. Paths must stay inside the repository, "
-                            "relative to its root (e.g. 'tests/test_x.py').", escape=True)
+            raise ToolError(
+                f"{path!r} is not a relative path. Paths must stay inside the repository, "
+                "relative to its root (e.g. 'tests/test_x.py').",
+                escape=True,
+            )
         if ".." in pure.parts:
             raise ToolError(f"{path!r} contains '..'. Paths must stay inside the repository.", escape=True)
         parts = [p for p in pure.parts if p != "."]
@@ -255,7 +293,7 @@ def clip(text: str, max_chars: int) -> str:
     if len(text) <= max_chars:
         return text
     head = max_chars // 2
-    return f"{text[:head]}\n... [{len(text) - max_chars} characters cut] ...\n{text[-(max_chars - head):]}"
+    return f"{text[:head]}\n... [{len(text) - max_chars} characters cut] ...\n{text[-(max_chars - head) :]}"
 
 
 def _dispatch(call: ToolCall, ws: Workspace, run_tests: Callable[[], object]) -> ToolOutcome:
@@ -295,8 +333,11 @@ def _dispatch(call: ToolCall, ws: Workspace, run_tests: Callable[[], object]) ->
         if len(updated) > MAX_FILE_CHARS:
             raise ToolError(f"the file would exceed {MAX_FILE_CHARS} characters.")
         path.write_text(updated, encoding="utf-8")
-        return ToolOutcome(observation=f"Replaced 1 occurrence in {rel} ({old.count(chr(10)) + 1} line(s) -> "
-                                       f"{new.count(chr(10)) + 1} line(s)).", written=rel if updated != text else "")
+        return ToolOutcome(
+            observation=f"Replaced 1 occurrence in {rel} ({old.count(chr(10)) + 1} line(s) -> "
+            f"{new.count(chr(10)) + 1} line(s)).",
+            written=rel if updated != text else "",
+        )
     if call.name == "create_file":
         path, rel = ws.resolve(a["path"], must_exist=False)
         if len(a["content"]) > MAX_FILE_CHARS:
@@ -306,8 +347,10 @@ def _dispatch(call: ToolCall, ws: Workspace, run_tests: Callable[[], object]) ->
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(a["content"], encoding="utf-8")
         verb = "Overwrote" if existed else "Created"
-        return ToolOutcome(observation=f"{verb} {rel} ({len(a['content'].splitlines())} lines).",
-                           written=rel if before != a["content"] else "")
+        return ToolOutcome(
+            observation=f"{verb} {rel} ({len(a['content'].splitlines())} lines).",
+            written=rel if before != a["content"] else "",
+        )
     if call.name == "run_tests":
         result = run_tests()
         return ToolOutcome(observation=render_test_result(result), tests=result)

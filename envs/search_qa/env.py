@@ -48,6 +48,7 @@ in our own words: the question, then (after the first turn) the earlier actions 
 its observation, then the instruction to think, then search or answer. Deviations from Search-R1
 and verl-agent are listed in docs/envs_search_qa.md.
 """
+
 from __future__ import annotations
 
 import re
@@ -56,38 +57,55 @@ from collections import Counter
 from dataclasses import dataclass
 
 from envs.base import Observation, StepResult, TextEnv, known_options, register_env
-from envs.search_qa.corpus import (SPLITS, normalize_answer, Corpus, Question, file_questions, generated_corpus,
-                                   select_tasks, wiki_corpus, wiki_data_path)
+from envs.search_qa.corpus import (
+    SPLITS,
+    Corpus,
+    Question,
+    file_questions,
+    generated_corpus,
+    normalize_answer,
+    select_tasks,
+    wiki_corpus,
+    wiki_data_path,
+)
 from envs.search_qa.retriever import HTTPRetriever, Retriever, format_information
 from pipeline.core.types import CriterionResult, Message
 
 # Search-R1's reply to a turn without a usable action (llm_agent/generation.py), stripped.
-INVALID_MESSAGE = ("My previous action is invalid. If I want to search, I should put the query between "
-                   "<search> and </search>. If I want to give the final answer, I should put the answer "
-                   "between <answer> and </answer>. Let me try again.")
+INVALID_MESSAGE = (
+    "My previous action is invalid. If I want to search, I should put the query between "
+    "<search> and </search>. If I want to give the final answer, I should put the answer "
+    "between <answer> and </answer>. Let me try again."
+)
 FINISHED = "Episode finished."
 
 FEEDBACK = {
     "answered": "Finish within the turn budget: once the documents contain the answer, stop searching "
-                "and write it inside <answer> and </answer>.",
+    "and write it inside <answer> and </answer>.",
     "searched": "Do not answer from memory: search for the entity the question names first, and when the "
-                "question goes through another entity (the company that makes X, the founder of Y), "
-                "search again for that entity before answering.",
+    "question goes through another entity (the company that makes X, the founder of Y), "
+    "search again for that entity before answering.",
     "exact_match": "Put only the answer itself inside the answer tags, a name, city or year copied exactly "
-                   "as the documents write it, with no explanation or extra words.",
+    "as the documents write it, with no explanation or extra words.",
     "valid_actions": "Every turn must contain exactly one action: either <search> query </search> or "
-                     "<answer> answer </answer>, never both and never twice; reason inside <think> </think> "
-                     "first.",
+    "<answer> answer </answer>, never both and never twice; reason inside <think> </think> "
+    "first.",
 }
 CRITERIA = tuple(FEEDBACK)
 
 # What each generated question kind asks for, in the expert's reasoning (the last hop's entity).
-ASKS = {"company_founder": "who founded {entity}", "product_founder": "who founded {entity}",
-        "company_hq": "the city where {entity} is headquartered", "product_hq": "the city where {entity} is headquartered",
-        "company_year": "the year {entity} was founded", "product_year": "the year {entity} was founded",
-        "product_maker": "the company that makes the {entity}",
-        "person_birthplace": "the city where {entity} was born", "founder_birthplace": "the city where {entity} was born",
-        "product_founder_birthplace": "the city where {entity} was born"}
+ASKS = {
+    "company_founder": "who founded {entity}",
+    "product_founder": "who founded {entity}",
+    "company_hq": "the city where {entity} is headquartered",
+    "product_hq": "the city where {entity} is headquartered",
+    "company_year": "the year {entity} was founded",
+    "product_year": "the year {entity} was founded",
+    "product_maker": "the company that makes the {entity}",
+    "person_birthplace": "the city where {entity} was born",
+    "founder_birthplace": "the city where {entity} was born",
+    "product_founder_birthplace": "the city where {entity} was born",
+}
 
 
 # ----- scoring (Search-R1's qa_em, SQuAD F1) ------------------------------------------------------
@@ -178,8 +196,7 @@ TEMPLATE_NO_HISTORY = (
 TEMPLATE_LATEST = (
     "You are an expert agent who answers the given question step by step, using a search engine.\n"
     "Your question: {question}\n\n"
-    "You have already taken {step_count} step(s). The result of your latest step:\n{observation}\n\n"
-    + _INSTRUCTION
+    "You have already taken {step_count} step(s). The result of your latest step:\n{observation}\n\n" + _INSTRUCTION
 )
 TEMPLATE = (
     "You are an expert agent who answers the given question step by step, using a search engine.\n"
@@ -236,11 +253,15 @@ class SearchQAOptions:
         if self.retriever not in ("bm25", "http"):
             raise ValueError(f"search_qa retriever must be bm25 or http, got {self.retriever!r}")
         if self.retriever == "http" and not self.url:
-            raise ValueError("search_qa retriever=http needs url (the Search-R1 /retrieve endpoint, "
-                             "e.g. http://127.0.0.1:8000/retrieve)")
+            raise ValueError(
+                "search_qa retriever=http needs url (the Search-R1 /retrieve endpoint, "
+                "e.g. http://127.0.0.1:8000/retrieve)"
+            )
         if self.corpus == "file" and (self.retriever != "http" or not self.questions_path):
-            raise ValueError("search_qa corpus=file has questions but no documents: it needs "
-                             "questions_path and retriever=http (your retrieval server holds the documents)")
+            raise ValueError(
+                "search_qa corpus=file has questions but no documents: it needs "
+                "questions_path and retriever=http (your retrieval server holds the documents)"
+            )
         if self.corpus != "file" and self.questions_path:
             raise ValueError("search_qa questions_path is only read with corpus=file")
         if not 1 <= integer("topk") <= 20:
@@ -252,8 +273,11 @@ class SearchQAOptions:
         integer("corpus_seed")
         if not 10 <= integer("n_companies") <= 5000:
             raise ValueError(f"search_qa n_companies must be in 10..5000, got {self.n_companies}")
-        if (not self.hops or len(set(self.hops)) != len(self.hops)
-                or any(not isinstance(h, int) or isinstance(h, bool) or h not in (1, 2, 3) for h in self.hops)):
+        if (
+            not self.hops
+            or len(set(self.hops)) != len(self.hops)
+            or any(not isinstance(h, int) or isinstance(h, bool) or h not in (1, 2, 3) for h in self.hops)
+        ):
             raise ValueError(f"search_qa hops must be distinct values among 1, 2, 3, got {list(self.hops)}")
         if not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
             raise ValueError(f"search_qa timeout_s must be > 0, got {self.timeout_s!r}")
@@ -281,8 +305,10 @@ def tasks_for(opts: SearchQAOptions, split: str) -> list[Question]:
         if not tasks:
             raise ValueError(f"search_qa: no {opts.corpus} questions with hops {list(opts.hops)} in split {split!r}")
         if opts.n_tasks and len(tasks) < opts.n_tasks:
-            raise ValueError(f"search_qa: split {split!r} has only {len(tasks)} {opts.corpus} questions with hops "
-                             f"{list(opts.hops)}, fewer than n_tasks={opts.n_tasks}; lower n_tasks (0 = all)")
+            raise ValueError(
+                f"search_qa: split {split!r} has only {len(tasks)} {opts.corpus} questions with hops "
+                f"{list(opts.hops)}, fewer than n_tasks={opts.n_tasks}; lower n_tasks (0 = all)"
+            )
         with _TASKS_LOCK:
             _TASKS[key] = tasks
     return tasks
@@ -340,8 +366,11 @@ class SearchQAEnv(TextEnv):
     # ----- episode -------------------------------------------------------------------------------
     def reset(self, seed: int) -> Observation:
         self._q = self._tasks[int(seed) % len(self._tasks)]
-        corpus = self.opts.corpus if self.opts.corpus != "generated" else \
-            f"generated-s{self.opts.corpus_seed}-n{self.opts.n_companies}"
+        corpus = (
+            self.opts.corpus
+            if self.opts.corpus != "generated"
+            else f"generated-s{self.opts.corpus_seed}-n{self.opts.n_companies}"
+        )
         self._task_id = f"search_qa/{corpus}/{self.split}/{self._q.qid}"
         self._turn, self._searches, self._invalid_turns = 0, 0, []
         self._answer, self._answer_turn, self._done = None, None, False
@@ -356,8 +385,12 @@ class SearchQAEnv(TextEnv):
         self._turn += 1
         last = self._turn >= self.max_turns
         parsed = parse_response(response)
-        info: dict = {"turn": self._turn, "task_id": self._task_id, "action_type": parsed.kind or "invalid",
-                      "invalid_reason": parsed.reason}
+        info: dict = {
+            "turn": self._turn,
+            "task_id": self._task_id,
+            "action_type": parsed.kind or "invalid",
+            "invalid_reason": parsed.reason,
+        }
         reward, text = 0.0, FINISHED
         if not parsed.kind:
             self._invalid_turns.append(turn)
@@ -378,19 +411,31 @@ class SearchQAEnv(TextEnv):
             text = FINISHED
             criteria = self._judge()
             info.update(self._scores())
-        return StepResult(observation=Observation(text=text), reward=reward, done=self._done,
-                          won=self._done and reward >= self.success_reward, action_valid=not parsed.reason,
-                          action=parsed.action, criteria=criteria, info=info)
+        return StepResult(
+            observation=Observation(text=text),
+            reward=reward,
+            done=self._done,
+            won=self._done and reward >= self.success_reward,
+            action_valid=not parsed.reason,
+            action=parsed.action,
+            criteria=criteria,
+            info=info,
+        )
 
     def _scores(self) -> dict:
         q, answer = self._q, self._answer
         given = answer is not None
-        return {"answer": answer, "golds": list(q.answers),
-                "em": exact_match(answer, q.answers) if given else 0.0,
-                "f1": f1_score(answer, q.answers) if given else 0.0,
-                "subem": substring_match(answer, q.answers) if given else 0.0,
-                "n_searches": self._searches, "n_invalid": len(self._invalid_turns), "hops": q.hops,
-                "kind": q.kind}
+        return {
+            "answer": answer,
+            "golds": list(q.answers),
+            "em": exact_match(answer, q.answers) if given else 0.0,
+            "f1": f1_score(answer, q.answers) if given else 0.0,
+            "subem": substring_match(answer, q.answers) if given else 0.0,
+            "n_searches": self._searches,
+            "n_invalid": len(self._invalid_turns),
+            "hops": q.hops,
+            "kind": q.kind,
+        }
 
     def _judge(self) -> list[CriterionResult]:
         q, last_turn = self._q, self._turn - 1
@@ -403,8 +448,10 @@ class SearchQAEnv(TextEnv):
             "exact_match": (em, self._answer_turn if answered else last_turn),
             "valid_actions": (not self._invalid_turns, self._invalid_turns[0] if self._invalid_turns else None),
         }
-        return [CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else turn, feedback=FEEDBACK[c])
-                for c, (ok, turn) in verdicts.items()]
+        return [
+            CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else turn, feedback=FEEDBACK[c])
+            for c, (ok, turn) in verdicts.items()
+        ]
 
     # ----- task metadata -------------------------------------------------------------------------
     @property
@@ -455,8 +502,14 @@ class SearchQAEnv(TextEnv):
             return f"<think>{said}I need to look up {query}.</think>\n<search> {query} </search>"
         asked = ASKS.get(q.kind, "").format(entity=queries[-1] if queries else "")
         found = self._support_sentence(len(queries) - 1, q.answers[0]) if queries else ""
-        think = " ".join(x for x in (f"The question asks for {asked}." if asked else "",
-                                     f"The document says: {found}" if found else "") if x)
+        think = " ".join(
+            x
+            for x in (
+                f"The question asks for {asked}." if asked else "",
+                f"The document says: {found}" if found else "",
+            )
+            if x
+        )
         return f"<think>{think or 'The documents give the answer.'}</think>\n<answer> {q.answers[0]} </answer>"
 
     def hinted_expert_response(self) -> str:
@@ -477,15 +530,16 @@ class SearchQAEnv(TextEnv):
                 return sentence
         return ""
 
-    def build_messages(self, history: list[tuple[str, str]], observation: Observation,
-                       history_length: int) -> list[Message]:
+    def build_messages(
+        self, history: list[tuple[str, str]], observation: Observation, history_length: int
+    ) -> list[Message]:
         question = self.task_text or (history[0][0] if history else observation.text)
         if not history:
             text = TEMPLATE_NO_HISTORY.format(question=question)
         elif history_length <= 0:
             text = TEMPLATE_LATEST.format(question=question, step_count=len(history), observation=observation.text)
         else:
-            text = TEMPLATE.format(question=question, step_count=len(history),
-                                   history=render_history(history, observation, history_length))
+            text = TEMPLATE.format(
+                question=question, step_count=len(history), history=render_history(history, observation, history_length)
+            )
         return [Message(role="user", content=text)]
-

@@ -27,6 +27,7 @@ Example::
     >>> r.retrieve(["capital of France"], topk=3)[0][0]["document"]["id"]
     '0'
 """
+
 from __future__ import annotations
 
 import abc
@@ -144,8 +145,7 @@ class BM25Retriever(Retriever):
         return [(int(i), float(scores[i])) for i in order]
 
     def retrieve(self, queries: list[str], topk: int = 3) -> list[list[Hit]]:
-        return [[{"document": self.docs[i].as_dict(), "score": s} for i, s in self.rank(str(q), topk)]
-                for q in queries]
+        return [[{"document": self.docs[i].as_dict(), "score": s} for i, s in self.rank(str(q), topk)] for q in queries]
 
 
 # ----- HTTP (Search-R1 retrieval server) ------------------------------------------------------------
@@ -154,11 +154,13 @@ class HTTPRetriever(Retriever):
 
     def __init__(self, url: str, *, timeout_s: float = 30.0, retries: int = 2):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"search_qa HTTP retriever needs an http(s) URL such as "
-                             f"'http://127.0.0.1:8000/retrieve', got {url!r}")
+            raise ValueError(
+                f"search_qa HTTP retriever needs an http(s) URL such as 'http://127.0.0.1:8000/retrieve', got {url!r}"
+            )
         if timeout_s <= 0 or retries < 0:
-            raise ValueError(f"search_qa HTTP retriever needs timeout_s > 0 and retries >= 0 "
-                             f"(got {timeout_s}, {retries})")
+            raise ValueError(
+                f"search_qa HTTP retriever needs timeout_s > 0 and retries >= 0 (got {timeout_s}, {retries})"
+            )
         self.url, self.timeout_s, self.retries = url, float(timeout_s), int(retries)
 
     def retrieve(self, queries: list[str], topk: int = 3) -> list[list[Hit]]:
@@ -171,8 +173,9 @@ class HTTPRetriever(Retriever):
             if attempt:
                 time.sleep(min(0.5 * 2 ** (attempt - 1), 4.0))
             try:
-                request = urllib.request.Request(self.url, data=body, method="POST",
-                                                 headers={"Content-Type": "application/json"})
+                request = urllib.request.Request(
+                    self.url, data=body, method="POST", headers={"Content-Type": "application/json"}
+                )
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                     payload = response.read()
             except urllib.error.HTTPError as e:
@@ -187,13 +190,17 @@ class HTTPRetriever(Retriever):
         raise RetrieverError(
             f"search_qa: the retrieval server at {self.url} failed after {self.retries + 1} attempt(s): "
             f"{last}. Start a Search-R1 retrieval server (search_r1/search/retrieval_server.py) there, "
-            f"or set env.options.retriever=bm25")
+            f"or set env.options.retriever=bm25"
+        )
 
     def _parse(self, payload: bytes, n_queries: int) -> list[list[Hit]]:
         def bad(why: str) -> RetrieverError:
-            return RetrieverError(f"search_qa: the retrieval server at {self.url} sent an unexpected reply "
-                                  f"({why}); expected {{\"result\": [[{{\"document\": {{\"id\", \"contents\"}}, "
-                                  f"\"score\"}}, ...], ...]}} with one list per query")
+            return RetrieverError(
+                f"search_qa: the retrieval server at {self.url} sent an unexpected reply "
+                f'({why}); expected {{"result": [[{{"document": {{"id", "contents"}}, '
+                f'"score"}}, ...], ...]}} with one list per query'
+            )
+
         try:
             data = json.loads(payload)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -212,7 +219,11 @@ class HTTPRetriever(Retriever):
                 if not isinstance(doc, dict) or not isinstance(doc.get("contents"), str):
                     raise bad("a hit has no document.contents string")
                 score = hit.get("score", 0.0) if isinstance(hit, dict) else 0.0
-                parsed.append({"document": {"id": str(doc.get("id", "")), "contents": doc["contents"]},
-                               "score": float(score) if isinstance(score, (int, float)) else 0.0})
+                parsed.append(
+                    {
+                        "document": {"id": str(doc.get("id", "")), "contents": doc["contents"]},
+                        "score": float(score) if isinstance(score, (int, float)) else 0.0,
+                    }
+                )
             out.append(parsed)
         return out

@@ -24,6 +24,7 @@ Example::
     obs = env.reset(seed=0)   # "WebShop [SEP] Instruction: [SEP] i need ... [SEP] Search"
     env.step("<think>...</think><action>search[long clip-in hair extension]</action>")
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -34,8 +35,7 @@ from dataclasses import dataclass, fields
 from envs.actions import parse_think_action
 from envs.base import Observation, StepResult, TextEnv, register_env
 from envs.webshop.engine import BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE, parse_action
-from envs.webshop.env import (FEEDBACK, RewardMode, admissible_actions, build_messages, check_split,
-                              extract_instruction)
+from envs.webshop.env import FEEDBACK, RewardMode, admissible_actions, build_messages, check_split, extract_instruction
 from pipeline.core.types import CriterionResult, Message
 
 INSTALL_HELP = (
@@ -80,10 +80,14 @@ class WebShopRealOptions:
         if not isinstance(opts.max_turns, int) or isinstance(opts.max_turns, bool) or opts.max_turns < 1:
             raise ValueError(f"webshop_real max_turns must be an int >= 1, got {opts.max_turns!r}")
         if opts.reward_mode not in set(RewardMode):
-            raise ValueError(f"webshop_real reward_mode must be one of {[m.value for m in RewardMode]}, "
-                             f"got {opts.reward_mode!r}")
-        if isinstance(opts.success_reward, bool) or not isinstance(opts.success_reward, (int, float)) \
-                or not opts.success_reward > 0:
+            raise ValueError(
+                f"webshop_real reward_mode must be one of {[m.value for m in RewardMode]}, got {opts.reward_mode!r}"
+            )
+        if (
+            isinstance(opts.success_reward, bool)
+            or not isinstance(opts.success_reward, (int, float))
+            or not opts.success_reward > 0
+        ):
             raise ValueError(f"webshop_real success_reward must be a number > 0, got {opts.success_reward!r}")
         for name in ("human_goals", "reject_cjk"):
             if not isinstance(getattr(opts, name), bool):
@@ -113,16 +117,27 @@ def _make_env(opts: WebShopRealOptions):
     global _SERVER
     from web_agent_site.envs import WebAgentTextEnv
 
-    kwargs = dict(observation_mode="text", num_products=opts.num_products, human_goals=opts.human_goals,
-                  session_prefix=f"privy{next(_instances)}_")
+    kwargs = dict(
+        observation_mode="text",
+        num_products=opts.num_products,
+        human_goals=opts.human_goals,
+        session_prefix=f"privy{next(_instances)}_",
+    )
     env = WebAgentTextEnv(server=_SERVER, **kwargs) if _SERVER is not None else WebAgentTextEnv(**kwargs)
     _SERVER = env.server
     return env
 
 
 # WebShop's goal categories -> our task types (best effort; "" when unknown).
-_CATEGORY_TO_TASK_TYPE = {"beauty": "beauty", "fashion": "fashion", "electronics": "electronics",
-                          "food": "grocery", "grocery": "grocery", "furniture": "home", "home": "home"}
+_CATEGORY_TO_TASK_TYPE = {
+    "beauty": "beauty",
+    "fashion": "fashion",
+    "electronics": "electronics",
+    "food": "grocery",
+    "grocery": "grocery",
+    "furniture": "home",
+    "home": "home",
+}
 
 
 @register_env("webshop_real")
@@ -211,28 +226,41 @@ class WebShopRealEnv(TextEnv):
                     self._item_turn = turn
         self._done = bought or self._turn >= self.max_turns
         criteria = self._criteria(session, bought, turn) if self._done else []
-        return StepResult(observation=self._obs, reward=reward, done=self._done, won=won, action_valid=not reason,
-                          action=parsed.action, criteria=criteria,
-                          info={"turn": self._turn, "invalid_reason": reason, "task_id": self._task_id,
-                                "task_score": float(score)})
+        return StepResult(
+            observation=self._obs,
+            reward=reward,
+            done=self._done,
+            won=won,
+            action_valid=not reason,
+            action=parsed.action,
+            criteria=criteria,
+            info={"turn": self._turn, "invalid_reason": reason, "task_id": self._task_id, "task_score": float(score)},
+        )
 
     def _opens_item(self, action: str) -> bool:
         """Whether ``action`` clicks a product link on a results page."""
         name, arg = parse_action(action)
-        return (name == "click" and "search_results" in str(self.env.browser.current_url)
-                and arg not in (BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE))
+        return (
+            name == "click"
+            and "search_results" in str(self.env.browser.current_url)
+            and arg not in (BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE)
+        )
 
     def _criteria(self, session: str, bought: bool, turn: int) -> list[CriterionResult]:
         info = self.env.server.user_sessions.get(session, {}).get("verbose_info", {}) if bought else {}
-        passed = {"attributes": info.get("r_att", 0.0) == 1.0,
-                  "options": info.get("r_option", 1.0 if info else 0.0) == 1.0,
-                  "price": bool(info.get("r_price", False)),
-                  "type": info.get("r_type", 0.0) == 1.0}
+        passed = {
+            "attributes": info.get("r_att", 0.0) == 1.0,
+            "options": info.get("r_option", 1.0 if info else 0.0) == 1.0,
+            "price": bool(info.get("r_price", False)),
+            "type": info.get("r_type", 0.0) == 1.0,
+        }
         where = {"attributes": self._item_turn, "options": turn, "price": self._item_turn, "type": self._item_turn}
         if not bought:
             where = dict.fromkeys(where, turn)
-        return [CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else where[c], feedback=FEEDBACK[c])
-                for c, ok in passed.items()]
+        return [
+            CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else where[c], feedback=FEEDBACK[c])
+            for c, ok in passed.items()
+        ]
 
     @property
     def task_text(self) -> str:

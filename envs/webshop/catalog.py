@@ -44,6 +44,7 @@ Construction rules that keep the reward formula meaningful on generated text (ch
   catalog), as any shopper in WebShop may buy another product than the one the goal was written
   from. tests/unit/test_split_webshop.py checks the splits as sets.
 """
+
 from __future__ import annotations
 
 import functools
@@ -66,9 +67,31 @@ TASK_TYPES = tuple(CATEGORIES)
 # Our fixed colour set, alphabetical; ``normalize_color`` returns the first member found as a
 # substring, as WebShop's normaliser does with its own (longer) list, so "navy blue" -> "blue".
 COLOR_SET = (
-    "beige", "black", "blue", "brown", "burgundy", "charcoal", "coral", "gold", "gray", "green",
-    "grey", "ivory", "khaki", "maroon", "navy", "olive", "orange", "pink", "purple", "red",
-    "silver", "teal", "turquoise", "white", "yellow",
+    "beige",
+    "black",
+    "blue",
+    "brown",
+    "burgundy",
+    "charcoal",
+    "coral",
+    "gold",
+    "gray",
+    "green",
+    "grey",
+    "ivory",
+    "khaki",
+    "maroon",
+    "navy",
+    "olive",
+    "orange",
+    "pink",
+    "purple",
+    "red",
+    "silver",
+    "teal",
+    "turquoise",
+    "white",
+    "yellow",
 )
 
 PRICE_STEPS = tuple(10.0 * i for i in range(1, 100))  # WebShop's PRICE_RANGE: 10, 20, ..., 990
@@ -100,144 +123,472 @@ class ProductType:
 
 
 def _t(key, category, path, noun, title_noun, query, attributes, options, price, blurb, plural=False):
-    return ProductType(key, category, tuple(path.split(" › ")), noun, title_noun, plural, query,
-                       tuple(attributes), tuple((k, tuple(v)) for k, v in options.items()), price, blurb)
+    return ProductType(
+        key,
+        category,
+        tuple(path.split(" › ")),
+        noun,
+        title_noun,
+        plural,
+        query,
+        tuple(attributes),
+        tuple((k, tuple(v)) for k, v in options.items()),
+        price,
+        blurb,
+    )
 
 
-APPAREL_COLORS = ("black", "white", "navy blue", "heather grey", "olive green", "burgundy", "charcoal",
-                  "royal blue", "khaki", "pink")
+APPAREL_COLORS = (
+    "black",
+    "white",
+    "navy blue",
+    "heather grey",
+    "olive green",
+    "burgundy",
+    "charcoal",
+    "royal blue",
+    "khaki",
+    "pink",
+)
 CLOTHING_SIZES = ("x-small", "small", "medium", "large", "x-large", "xx-large")
 
 PRODUCT_TYPES: tuple[ProductType, ...] = (
     # ----- beauty -----------------------------------------------------------------------------
-    _t("shampoo", "beauty", "Hair Care › Shampoo & Conditioner › Shampoos", "shampoo", "Shampoo", "shampoo",
-       ["sulfate free", "paraben free", "argan oil", "for dry hair", "color safe", "tea tree",
-        "cruelty free", "natural ingredients"],
-       {"scent": ["coconut", "eucalyptus", "citrus", "vanilla", "unscented", "sandalwood"],
-        "size": ["8.5 fl oz", "12 fl oz", "16.9 fl oz", "33.8 fl oz"]},
-       (7, 34), "A gentle daily wash that cleans the scalp and leaves hair soft and easy to comb."),
-    _t("moisturizer", "beauty", "Skin Care › Face › Creams & Moisturizers", "face moisturizer",
-       "Face Moisturizer", "face moisturizer",
-       ["hyaluronic acid", "oil free", "for sensitive skin", "fragrance free", "spf 30", "non comedogenic",
-        "vitamin c", "dermatologist tested"],
-       {"size": ["1 fl oz", "1.7 fl oz", "2.5 fl oz", "3.4 fl oz"]},
-       (9, 58), "A light lotion that absorbs quickly and keeps skin hydrated all day."),
-    _t("lipstick", "beauty", "Makeup › Lips › Lipstick", "lipstick", "Lipstick", "lipstick",
-       ["long lasting", "matte finish", "moisturizing", "cruelty free", "vegan", "waterproof",
-        "shea butter", "smudge proof"],
-       {"color": ["red", "pink", "coral", "burgundy", "maroon", "brown", "purple", "orange"],
-        "size": ["single", "pack of 2", "pack of 3"]},
-       (5, 29), "A smooth bullet that glides on evenly and stays put through meals."),
-    _t("toothbrush", "beauty", "Oral Care › Toothbrushes & Accessories › Powered Toothbrushes",
-       "electric toothbrush", "Electric Toothbrush", "electric toothbrush",
-       ["rechargeable", "two minute timer", "pressure sensor", "travel case", "soft bristles",
-        "whitening mode", "waterproof", "long battery life"],
-       {"color": ["black", "white", "pink", "blue", "green"]},
-       (19, 89), "A sonic brush head that sweeps away plaque with gentle pulses."),
+    _t(
+        "shampoo",
+        "beauty",
+        "Hair Care › Shampoo & Conditioner › Shampoos",
+        "shampoo",
+        "Shampoo",
+        "shampoo",
+        [
+            "sulfate free",
+            "paraben free",
+            "argan oil",
+            "for dry hair",
+            "color safe",
+            "tea tree",
+            "cruelty free",
+            "natural ingredients",
+        ],
+        {
+            "scent": ["coconut", "eucalyptus", "citrus", "vanilla", "unscented", "sandalwood"],
+            "size": ["8.5 fl oz", "12 fl oz", "16.9 fl oz", "33.8 fl oz"],
+        },
+        (7, 34),
+        "A gentle daily wash that cleans the scalp and leaves hair soft and easy to comb.",
+    ),
+    _t(
+        "moisturizer",
+        "beauty",
+        "Skin Care › Face › Creams & Moisturizers",
+        "face moisturizer",
+        "Face Moisturizer",
+        "face moisturizer",
+        [
+            "hyaluronic acid",
+            "oil free",
+            "for sensitive skin",
+            "fragrance free",
+            "spf 30",
+            "non comedogenic",
+            "vitamin c",
+            "dermatologist tested",
+        ],
+        {"size": ["1 fl oz", "1.7 fl oz", "2.5 fl oz", "3.4 fl oz"]},
+        (9, 58),
+        "A light lotion that absorbs quickly and keeps skin hydrated all day.",
+    ),
+    _t(
+        "lipstick",
+        "beauty",
+        "Makeup › Lips › Lipstick",
+        "lipstick",
+        "Lipstick",
+        "lipstick",
+        [
+            "long lasting",
+            "matte finish",
+            "moisturizing",
+            "cruelty free",
+            "vegan",
+            "waterproof",
+            "shea butter",
+            "smudge proof",
+        ],
+        {
+            "color": ["red", "pink", "coral", "burgundy", "maroon", "brown", "purple", "orange"],
+            "size": ["single", "pack of 2", "pack of 3"],
+        },
+        (5, 29),
+        "A smooth bullet that glides on evenly and stays put through meals.",
+    ),
+    _t(
+        "toothbrush",
+        "beauty",
+        "Oral Care › Toothbrushes & Accessories › Powered Toothbrushes",
+        "electric toothbrush",
+        "Electric Toothbrush",
+        "electric toothbrush",
+        [
+            "rechargeable",
+            "two minute timer",
+            "pressure sensor",
+            "travel case",
+            "soft bristles",
+            "whitening mode",
+            "waterproof",
+            "long battery life",
+        ],
+        {"color": ["black", "white", "pink", "blue", "green"]},
+        (19, 89),
+        "A sonic brush head that sweeps away plaque with gentle pulses.",
+    ),
     # ----- fashion ----------------------------------------------------------------------------
-    _t("tshirt", "fashion", "Men › Clothing › Shirts › T-Shirts", "men's t-shirt", "Men's T-Shirt", "men's t-shirts",
-       ["cotton", "short sleeve", "crew neck", "machine wash", "relaxed fit", "moisture wicking",
-        "pre shrunk", "tagless"],
-       {"color": list(APPAREL_COLORS), "size": list(CLOTHING_SIZES)},
-       (8, 32), "An everyday tee with a soft hand feel that keeps its shape wash after wash."),
-    _t("running_shoes", "fashion", "Women › Shoes › Athletic › Running", "women's running shoes",
-       "Women's Running Shoes", "women's running shoes",
-       ["breathable mesh", "lightweight", "non slip", "memory foam", "arch support", "rubber sole",
-        "knit upper", "cushioned"],
-       {"color": ["black", "white", "pink", "grey", "purple", "teal", "coral"],
-        "size": ["6", "6.5", "7", "7.5", "8", "8.5", "9", "10"]},
-       (29, 119), "A springy trainer for road runs, gym sessions and long walks.", plural=True),
-    _t("dress", "fashion", "Women › Clothing › Dresses › Casual", "summer dress", "Summer Dress",
-       "women's summer dress",
-       ["floral print", "v neck", "short sleeve", "knee length", "with pockets", "loose fit", "polyester",
-        "machine wash"],
-       {"color": ["black", "navy blue", "pink", "green", "yellow", "white", "coral"],
-        "size": list(CLOTHING_SIZES)},
-       (17, 49), "A flowy dress for warm days, easy to dress up or down."),
-    _t("necklace", "fashion", "Women › Jewelry › Necklaces › Pendants", "pendant necklace", "Pendant Necklace",
-       "women's pendant necklace",
-       ["sterling silver", "hypoallergenic", "gift box", "adjustable chain", "nickel free", "heart pendant",
-        "cubic zirconia", "tarnish resistant"],
-       {"size": ["16 inch", "18 inch", "20 inch", "22 inch"]},
-       (15, 79), "A delicate pendant that makes a thoughtful gift for birthdays and anniversaries."),
+    _t(
+        "tshirt",
+        "fashion",
+        "Men › Clothing › Shirts › T-Shirts",
+        "men's t-shirt",
+        "Men's T-Shirt",
+        "men's t-shirts",
+        [
+            "cotton",
+            "short sleeve",
+            "crew neck",
+            "machine wash",
+            "relaxed fit",
+            "moisture wicking",
+            "pre shrunk",
+            "tagless",
+        ],
+        {"color": list(APPAREL_COLORS), "size": list(CLOTHING_SIZES)},
+        (8, 32),
+        "An everyday tee with a soft hand feel that keeps its shape wash after wash.",
+    ),
+    _t(
+        "running_shoes",
+        "fashion",
+        "Women › Shoes › Athletic › Running",
+        "women's running shoes",
+        "Women's Running Shoes",
+        "women's running shoes",
+        [
+            "breathable mesh",
+            "lightweight",
+            "non slip",
+            "memory foam",
+            "arch support",
+            "rubber sole",
+            "knit upper",
+            "cushioned",
+        ],
+        {
+            "color": ["black", "white", "pink", "grey", "purple", "teal", "coral"],
+            "size": ["6", "6.5", "7", "7.5", "8", "8.5", "9", "10"],
+        },
+        (29, 119),
+        "A springy trainer for road runs, gym sessions and long walks.",
+        plural=True,
+    ),
+    _t(
+        "dress",
+        "fashion",
+        "Women › Clothing › Dresses › Casual",
+        "summer dress",
+        "Summer Dress",
+        "women's summer dress",
+        [
+            "floral print",
+            "v neck",
+            "short sleeve",
+            "knee length",
+            "with pockets",
+            "loose fit",
+            "polyester",
+            "machine wash",
+        ],
+        {"color": ["black", "navy blue", "pink", "green", "yellow", "white", "coral"], "size": list(CLOTHING_SIZES)},
+        (17, 49),
+        "A flowy dress for warm days, easy to dress up or down.",
+    ),
+    _t(
+        "necklace",
+        "fashion",
+        "Women › Jewelry › Necklaces › Pendants",
+        "pendant necklace",
+        "Pendant Necklace",
+        "women's pendant necklace",
+        [
+            "sterling silver",
+            "hypoallergenic",
+            "gift box",
+            "adjustable chain",
+            "nickel free",
+            "heart pendant",
+            "cubic zirconia",
+            "tarnish resistant",
+        ],
+        {"size": ["16 inch", "18 inch", "20 inch", "22 inch"]},
+        (15, 79),
+        "A delicate pendant that makes a thoughtful gift for birthdays and anniversaries.",
+    ),
     # ----- electronics ------------------------------------------------------------------------
-    _t("earbuds", "electronics", "Headphones, Earbuds & Accessories › Headphones & Earbuds › Earbud Headphones",
-       "wireless earbuds", "Wireless Earbuds", "wireless earbuds",
-       ["noise cancelling", "bluetooth 5.3", "charging case", "water resistant", "built-in microphone",
-        "touch control", "long battery life", "fast charging"],
-       {"color": ["black", "white", "pink", "green", "purple"]},
-       (19, 129), "Compact buds with rich sound for calls, music and workouts.", plural=True),
-    _t("power_bank", "electronics", "Cell Phones & Accessories › Chargers & Power Adapters › Portable Power Banks",
-       "portable charger", "Portable Charger Power Bank", "portable charger",
-       ["fast charging", "usb c", "slim design", "led display", "wireless charging", "airline safe",
-        "dual output", "compact"],
-       {"size": ["5000mah", "10000mah", "20000mah", "26800mah"], "color": ["black", "white", "pink"]},
-       (15, 69), "Keeps phones and tablets topped up on trips and commutes."),
-    _t("hdmi_cable", "electronics", "Television & Video › Accessories › Cables › HDMI Cables", "hdmi cable",
-       "HDMI Cable", "hdmi cable",
-       ["4k 60hz", "high speed", "braided nylon", "gold plated connectors", "ethernet channel",
-        "for gaming consoles", "flexible", "hdr support"],
-       {"size": ["3 feet", "6 feet", "10 feet", "15 feet", "25 feet"]},
-       (6, 29), "Connects streaming boxes, consoles and laptops to a television or monitor."),
-    _t("mouse", "electronics", "Computers & Accessories › Keyboards, Mice & Accessories › Mice", "wireless mouse",
-       "Wireless Mouse", "wireless mouse",
-       ["ergonomic", "silent click", "rechargeable", "adjustable dpi", "usb receiver", "bluetooth",
-        "for laptop", "long battery life"],
-       {"color": ["black", "white", "grey", "pink", "red"]},
-       (9, 49), "A comfortable pointer for office work, study and travel."),
+    _t(
+        "earbuds",
+        "electronics",
+        "Headphones, Earbuds & Accessories › Headphones & Earbuds › Earbud Headphones",
+        "wireless earbuds",
+        "Wireless Earbuds",
+        "wireless earbuds",
+        [
+            "noise cancelling",
+            "bluetooth 5.3",
+            "charging case",
+            "water resistant",
+            "built-in microphone",
+            "touch control",
+            "long battery life",
+            "fast charging",
+        ],
+        {"color": ["black", "white", "pink", "green", "purple"]},
+        (19, 129),
+        "Compact buds with rich sound for calls, music and workouts.",
+        plural=True,
+    ),
+    _t(
+        "power_bank",
+        "electronics",
+        "Cell Phones & Accessories › Chargers & Power Adapters › Portable Power Banks",
+        "portable charger",
+        "Portable Charger Power Bank",
+        "portable charger",
+        [
+            "fast charging",
+            "usb c",
+            "slim design",
+            "led display",
+            "wireless charging",
+            "airline safe",
+            "dual output",
+            "compact",
+        ],
+        {"size": ["5000mah", "10000mah", "20000mah", "26800mah"], "color": ["black", "white", "pink"]},
+        (15, 69),
+        "Keeps phones and tablets topped up on trips and commutes.",
+    ),
+    _t(
+        "hdmi_cable",
+        "electronics",
+        "Television & Video › Accessories › Cables › HDMI Cables",
+        "hdmi cable",
+        "HDMI Cable",
+        "hdmi cable",
+        [
+            "4k 60hz",
+            "high speed",
+            "braided nylon",
+            "gold plated connectors",
+            "ethernet channel",
+            "for gaming consoles",
+            "flexible",
+            "hdr support",
+        ],
+        {"size": ["3 feet", "6 feet", "10 feet", "15 feet", "25 feet"]},
+        (6, 29),
+        "Connects streaming boxes, consoles and laptops to a television or monitor.",
+    ),
+    _t(
+        "mouse",
+        "electronics",
+        "Computers & Accessories › Keyboards, Mice & Accessories › Mice",
+        "wireless mouse",
+        "Wireless Mouse",
+        "wireless mouse",
+        [
+            "ergonomic",
+            "silent click",
+            "rechargeable",
+            "adjustable dpi",
+            "usb receiver",
+            "bluetooth",
+            "for laptop",
+            "long battery life",
+        ],
+        {"color": ["black", "white", "grey", "pink", "red"]},
+        (9, 49),
+        "A comfortable pointer for office work, study and travel.",
+    ),
     # ----- grocery ----------------------------------------------------------------------------
-    _t("coffee", "grocery", "Beverages › Coffee, Tea & Cocoa › Coffee › Ground Coffee", "ground coffee",
-       "Ground Coffee", "ground coffee",
-       ["100% arabica", "fair trade", "usda organic", "low acid", "kosher", "rainforest alliance",
-        "smooth finish", "freshly roasted"],
-       {"flavor": ["hazelnut", "french vanilla", "mocha", "caramel", "original", "cinnamon"],
-        "size": ["12 ounce", "24 ounce", "32 ounce"]},
-       (8, 39), "A balanced cup for drip machines and pour over brewers."),
-    _t("protein_bars", "grocery", "Snack Foods › Bars › Protein Bars", "protein bars", "Protein Bars", "protein bars",
-       ["gluten free", "high protein", "low sugar", "non gmo", "plant based", "keto friendly",
-        "no artificial sweeteners", "dairy free"],
-       {"flavor": ["peanut butter", "chocolate chip", "almond", "cookie dough", "coconut"],
-        "size": ["12 count", "15 count", "24 count"]},
-       (14, 45), "A chewy snack for busy mornings, hikes and post workout recovery.", plural=True),
-    _t("herbal_tea", "grocery", "Beverages › Coffee, Tea & Cocoa › Tea › Herbal", "herbal tea", "Herbal Tea",
-       "herbal tea",
-       ["caffeine free", "organic", "non gmo", "individually wrapped", "kosher", "gluten free",
-        "compostable bags", "sugar free"],
-       {"flavor": ["chamomile", "peppermint", "ginger", "hibiscus", "rooibos"],
-        "size": ["20 count", "40 count", "100 count"]},
-       (5, 24), "A soothing cup for quiet evenings."),
-    _t("mixed_nuts", "grocery", "Snack Foods › Nuts & Seeds › Mixed Nuts", "mixed nuts", "Mixed Nuts", "mixed nuts",
-       ["unsalted", "dry roasted", "resealable bag", "non gmo", "kosher", "high protein", "vegan",
-        "no added oil"],
-       {"flavor": ["honey", "sea salt", "smoked", "original"],
-        "size": ["1 pound", "2 pound", "3 pound"]},
-       (9, 38), "Cashews, almonds and pecans for snacking at home or on the go.", plural=True),
+    _t(
+        "coffee",
+        "grocery",
+        "Beverages › Coffee, Tea & Cocoa › Coffee › Ground Coffee",
+        "ground coffee",
+        "Ground Coffee",
+        "ground coffee",
+        [
+            "100% arabica",
+            "fair trade",
+            "usda organic",
+            "low acid",
+            "kosher",
+            "rainforest alliance",
+            "smooth finish",
+            "freshly roasted",
+        ],
+        {
+            "flavor": ["hazelnut", "french vanilla", "mocha", "caramel", "original", "cinnamon"],
+            "size": ["12 ounce", "24 ounce", "32 ounce"],
+        },
+        (8, 39),
+        "A balanced cup for drip machines and pour over brewers.",
+    ),
+    _t(
+        "protein_bars",
+        "grocery",
+        "Snack Foods › Bars › Protein Bars",
+        "protein bars",
+        "Protein Bars",
+        "protein bars",
+        [
+            "gluten free",
+            "high protein",
+            "low sugar",
+            "non gmo",
+            "plant based",
+            "keto friendly",
+            "no artificial sweeteners",
+            "dairy free",
+        ],
+        {
+            "flavor": ["peanut butter", "chocolate chip", "almond", "cookie dough", "coconut"],
+            "size": ["12 count", "15 count", "24 count"],
+        },
+        (14, 45),
+        "A chewy snack for busy mornings, hikes and post workout recovery.",
+        plural=True,
+    ),
+    _t(
+        "herbal_tea",
+        "grocery",
+        "Beverages › Coffee, Tea & Cocoa › Tea › Herbal",
+        "herbal tea",
+        "Herbal Tea",
+        "herbal tea",
+        [
+            "caffeine free",
+            "organic",
+            "non gmo",
+            "individually wrapped",
+            "kosher",
+            "gluten free",
+            "compostable bags",
+            "sugar free",
+        ],
+        {
+            "flavor": ["chamomile", "peppermint", "ginger", "hibiscus", "rooibos"],
+            "size": ["20 count", "40 count", "100 count"],
+        },
+        (5, 24),
+        "A soothing cup for quiet evenings.",
+    ),
+    _t(
+        "mixed_nuts",
+        "grocery",
+        "Snack Foods › Nuts & Seeds › Mixed Nuts",
+        "mixed nuts",
+        "Mixed Nuts",
+        "mixed nuts",
+        ["unsalted", "dry roasted", "resealable bag", "non gmo", "kosher", "high protein", "vegan", "no added oil"],
+        {"flavor": ["honey", "sea salt", "smoked", "original"], "size": ["1 pound", "2 pound", "3 pound"]},
+        (9, 38),
+        "Cashews, almonds and pecans for snacking at home or on the go.",
+        plural=True,
+    ),
     # ----- home -------------------------------------------------------------------------------
-    _t("pillow_covers", "home", "Home Décor Products › Decorative Pillows, Inserts & Covers › Throw Pillow Covers",
-       "throw pillow covers", "Throw Pillow Covers", "throw pillow covers",
-       ["velvet", "hidden zipper", "machine washable", "set of 2", "for couch", "square", "linen",
-        "farmhouse style"],
-       {"color": ["navy blue", "grey", "beige", "green", "pink", "mustard yellow", "ivory"],
-        "size": ["16 x 16 inch", "18 x 18 inch", "20 x 20 inch", "24 x 24 inch"]},
-       (9, 35), "Soft covers that refresh a sofa, bed or reading nook.", plural=True),
-    _t("towels", "home", "Bath › Towels › Bath Towels", "bath towel set", "Bath Towel Set", "bath towel set",
-       ["100% cotton", "quick dry", "highly absorbent", "machine washable", "oeko-tex certified", "plush",
-        "lightweight", "hotel quality"],
-       {"color": ["white", "grey", "navy blue", "beige", "teal", "charcoal"],
-        "size": ["2 piece", "4 piece", "6 piece", "8 piece"]},
-       (19, 69), "Thick towels that feel cozy after every bath."),
-    _t("frying_pan", "home", "Kitchen & Dining › Cookware › Pots & Pans › Skillets", "frying pan", "Frying Pan",
-       "nonstick frying pan",
-       ["nonstick", "induction compatible", "dishwasher safe", "oven safe", "pfoa free", "stay cool handle",
-        "stainless steel", "granite coating"],
-       {"size": ["8 inch", "10 inch", "12 inch"], "color": ["black", "grey", "blue"]},
-       (15, 79), "An everyday skillet for eggs, stir fries and pancakes."),
-    _t("desk_lamp", "home", "Lighting & Ceiling Fans › Lamps & Shades › Desk Lamps", "led desk lamp",
-       "LED Desk Lamp", "led desk lamp",
-       ["dimmable", "usb charging port", "eye caring", "touch control", "adjustable arm", "energy efficient",
-        "memory function", "auto off timer"],
-       {"color": ["black", "white", "silver", "grey"]},
-       (14, 59), "A bright task light for reading, homework and crafts."),
+    _t(
+        "pillow_covers",
+        "home",
+        "Home Décor Products › Decorative Pillows, Inserts & Covers › Throw Pillow Covers",
+        "throw pillow covers",
+        "Throw Pillow Covers",
+        "throw pillow covers",
+        ["velvet", "hidden zipper", "machine washable", "set of 2", "for couch", "square", "linen", "farmhouse style"],
+        {
+            "color": ["navy blue", "grey", "beige", "green", "pink", "mustard yellow", "ivory"],
+            "size": ["16 x 16 inch", "18 x 18 inch", "20 x 20 inch", "24 x 24 inch"],
+        },
+        (9, 35),
+        "Soft covers that refresh a sofa, bed or reading nook.",
+        plural=True,
+    ),
+    _t(
+        "towels",
+        "home",
+        "Bath › Towels › Bath Towels",
+        "bath towel set",
+        "Bath Towel Set",
+        "bath towel set",
+        [
+            "100% cotton",
+            "quick dry",
+            "highly absorbent",
+            "machine washable",
+            "oeko-tex certified",
+            "plush",
+            "lightweight",
+            "hotel quality",
+        ],
+        {
+            "color": ["white", "grey", "navy blue", "beige", "teal", "charcoal"],
+            "size": ["2 piece", "4 piece", "6 piece", "8 piece"],
+        },
+        (19, 69),
+        "Thick towels that feel cozy after every bath.",
+    ),
+    _t(
+        "frying_pan",
+        "home",
+        "Kitchen & Dining › Cookware › Pots & Pans › Skillets",
+        "frying pan",
+        "Frying Pan",
+        "nonstick frying pan",
+        [
+            "nonstick",
+            "induction compatible",
+            "dishwasher safe",
+            "oven safe",
+            "pfoa free",
+            "stay cool handle",
+            "stainless steel",
+            "granite coating",
+        ],
+        {"size": ["8 inch", "10 inch", "12 inch"], "color": ["black", "grey", "blue"]},
+        (15, 79),
+        "An everyday skillet for eggs, stir fries and pancakes.",
+    ),
+    _t(
+        "desk_lamp",
+        "home",
+        "Lighting & Ceiling Fans › Lamps & Shades › Desk Lamps",
+        "led desk lamp",
+        "LED Desk Lamp",
+        "led desk lamp",
+        [
+            "dimmable",
+            "usb charging port",
+            "eye caring",
+            "touch control",
+            "adjustable arm",
+            "energy efficient",
+            "memory function",
+            "auto off timer",
+        ],
+        {"color": ["black", "white", "silver", "grey"]},
+        (14, 59),
+        "A bright task light for reading, homework and crafts.",
+    ),
 )
 
 BRANDS = {
@@ -350,8 +701,10 @@ def _make_product(rng: random.Random, ptype: ProductType, taken: set[str]) -> Pr
         *(f"{title_case(a)} for everyday comfort and peace of mind." for a in attrs[1:]),
         f"Backed by {brand} customer care.",
     )
-    description = (f"The {brand} {ptype.noun} brings together {_join(list(attrs))}. {ptype.blurb} "
-                   f"Thoughtfully made by {brand} for people who want dependable quality.")
+    description = (
+        f"The {brand} {ptype.noun} brings together {_join(list(attrs))}. {ptype.blurb} "
+        f"Thoughtfully made by {brand} for people who want dependable quality."
+    )
     text = " ".join([title, " ".join(bullets), description]).lower()
 
     options: dict[str, tuple[str, ...]] = {}
@@ -367,21 +720,32 @@ def _make_product(rng: random.Random, ptype: ProductType, taken: set[str]) -> Pr
     reviews = []
     for head, body in rng.sample(_REVIEWS, 2):
         attr = rng.choice(attrs)
-        reviews.append(Review(head, rng.randint(3, 5), body.format(attr=attr, Attr=attr.capitalize(),
-                                                                   noun=ptype.noun)))
+        reviews.append(Review(head, rng.randint(3, 5), body.format(attr=attr, Attr=attr.capitalize(), noun=ptype.noun)))
     rating = round(sum(r.score for r in reviews) / len(reviews), 1)
-    return Product(asin=_asin(rng, taken), title=title, price=price, category=ptype.category,
-                   product_category=" › ".join((CATEGORIES[ptype.category], *ptype.path)), query=ptype.query,
-                   attributes=attrs, options=options, description=description, bullets=bullets,
-                   reviews=tuple(reviews), rating=rating, type_key=ptype.key)
+    return Product(
+        asin=_asin(rng, taken),
+        title=title,
+        price=price,
+        category=ptype.category,
+        product_category=" › ".join((CATEGORIES[ptype.category], *ptype.path)),
+        query=ptype.query,
+        attributes=attrs,
+        options=options,
+        description=description,
+        bullets=bullets,
+        reviews=tuple(reviews),
+        rating=rating,
+        type_key=ptype.key,
+    )
 
 
 @functools.lru_cache(maxsize=8)
 def build_catalog(seed: int = 0, n_products: int = 400) -> Catalog:
     """``n_products`` products spread evenly over the product types; cached per (seed, size)."""
     if n_products < 3 * len(PRODUCT_TYPES):
-        raise ValueError(f"webshop needs n_products >= {3 * len(PRODUCT_TYPES)} (three per product type), "
-                         f"got {n_products}")
+        raise ValueError(
+            f"webshop needs n_products >= {3 * len(PRODUCT_TYPES)} (three per product type), got {n_products}"
+        )
     rng = random.Random(f"webshop-catalog:{seed}")
     taken: set[str] = set()
     products = tuple(_make_product(rng, PRODUCT_TYPES[i % len(PRODUCT_TYPES)], taken) for i in range(n_products))
@@ -396,10 +760,14 @@ def build_catalog(seed: int = 0, n_products: int = 400) -> Catalog:
         split_rng.shuffle(asins)
         k = max(1, len(asins) // 10)
         targets["test"] += asins[:k]
-        targets["valid"] += asins[k:2 * k]
-        targets["train"] += asins[2 * k:]
-    return Catalog(seed=seed, products=products, by_asin={p.asin: p for p in products},
-                   targets={s: tuple(v) for s, v in targets.items()})
+        targets["valid"] += asins[k : 2 * k]
+        targets["train"] += asins[2 * k :]
+    return Catalog(
+        seed=seed,
+        products=products,
+        by_asin={p.asin: p for p in products},
+        targets={s: tuple(v) for s, v in targets.items()},
+    )
 
 
 def price_upper_for(price: float, rng: random.Random) -> float | None:
@@ -418,8 +786,9 @@ _TEMPLATES = (
 )
 
 
-def _instruction(rng: random.Random, ptype: ProductType, attrs: tuple[str, ...], options: dict[str, str],
-                 price_upper: float | None) -> str:
+def _instruction(
+    rng: random.Random, ptype: ProductType, attrs: tuple[str, ...], options: dict[str, str], price_upper: float | None
+) -> str:
     template = rng.choice(_TEMPLATES)
     art = "" if ptype.plural else ("an " if ptype.noun[0] in "aeiou" else "a ")
     base = template.format(art=art, noun=ptype.noun, be="are" if ptype.plural else "is", attrs=_join(list(attrs)))
@@ -440,9 +809,17 @@ def generate_goal(catalog: Catalog, split: str, index: int, attempt: int = 0) ->
     attrs = tuple(rng.sample(product.attributes, k))
     options = {name: rng.choice(values) for name, values in sorted(product.options.items())}
     upper = price_upper_for(product.price, rng)
-    return Goal(asin=product.asin, instruction=_instruction(rng, ptype, attrs, options, upper), attributes=attrs,
-                options=options, price_upper=1_000_000.0 if upper is None else upper, query=product.query,
-                product_category=product.product_category, name=product.title, category=product.category)
+    return Goal(
+        asin=product.asin,
+        instruction=_instruction(rng, ptype, attrs, options, upper),
+        attributes=attrs,
+        options=options,
+        price_upper=1_000_000.0 if upper is None else upper,
+        query=product.query,
+        product_category=product.product_category,
+        name=product.title,
+        category=product.category,
+    )
 
 
 def requirement(goal: Goal) -> str:

@@ -33,6 +33,7 @@ Pyserini's Lucene analyser with Porter stemming; ties in score go to catalog ord
 shows the purchase and its score only. An action that cannot run changes nothing and returns
 ``False`` (WebShop returns the same page with reward 0).
 """
+
 from __future__ import annotations
 
 import functools
@@ -153,7 +154,7 @@ class WebShopEngine:
     def shown(self) -> list[str]:
         """The ASINs listed on the current results page."""
         start = (self.state.page_no - 1) * PER_PAGE
-        return self.state.results[start:start + PER_PAGE]
+        return self.state.results[start : start + PER_PAGE]
 
     def get_available_actions(self) -> dict:
         """WebShop's ``{"has_search_bar": bool, "clickables": [str]}`` for the current page."""
@@ -193,8 +194,15 @@ class WebShopEngine:
             parts += ["Back to Search", "< Prev"]
             for name, values in p.options.items():
                 parts += [name, *values]
-            parts += [p.title, f"Price: {price_text(p.price)}", f"Rating: {p.rating}",
-                      "Description", "Features", "Reviews", "Buy Now"]
+            parts += [
+                p.title,
+                f"Price: {price_text(p.price)}",
+                f"Rating: {p.rating}",
+                "Description",
+                "Features",
+                "Reviews",
+                "Buy Now",
+            ]
         elif s.page is Page.SUB:
             p = self.product
             parts += ["Back to Search", "< Prev"]
@@ -208,8 +216,7 @@ class WebShopEngine:
         else:
             product, options = self.purchase
             chosen = ", ".join(f"{k}: {v}" for k, v in options.items()) or "none"
-            parts += ["Thank you for shopping with us!", "Purchased", product.asin, product.title,
-                      f"Options: {chosen}"]
+            parts += ["Thank you for shopping with us!", "Purchased", product.asin, product.title, f"Options: {chosen}"]
         return SEP.join(parts)
 
     # ----- acting --------------------------------------------------------------------------------

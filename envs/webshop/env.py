@@ -67,6 +67,7 @@ last 20 characters of the response to WebShop, which usually ignores them), and 
 parses but cannot run on the page is marked invalid too (verl-agent's ``is_action_valid`` looks
 at the format only). ``click[search]`` is never listed (WebShop refuses it anyway).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -84,14 +85,22 @@ DEFAULT_N_TASKS = {"train": 5000, "valid": 500, "test": 500}
 GOAL_ATTEMPTS = 300  # draws of a task's goal before giving up (draw_goal; a valid draw lands in valid 1 in 10)
 
 FEEDBACK = {
-    "attributes": ("Buy an item that has every attribute the instruction asks for: compare the instruction with "
-                   "the title, and open Description or Features to check the rest before buying."),
-    "options": ("Before clicking buy now, click the option value the instruction names for every option on the "
-                "item page (for example its color and its size), exactly as listed."),
-    "price": ("Read the price in the results and on the item page, and only buy an item that costs less than the "
-              "instruction's price limit."),
-    "type": ("Buy the kind of product the instruction names: search with its product words and open an item whose "
-             "title is that product, not a related one."),
+    "attributes": (
+        "Buy an item that has every attribute the instruction asks for: compare the instruction with "
+        "the title, and open Description or Features to check the rest before buying."
+    ),
+    "options": (
+        "Before clicking buy now, click the option value the instruction names for every option on the "
+        "item page (for example its color and its size), exactly as listed."
+    ),
+    "price": (
+        "Read the price in the results and on the item page, and only buy an item that costs less than the "
+        "instruction's price limit."
+    ),
+    "type": (
+        "Buy the kind of product the instruction names: search with its product words and open an item whose "
+        "title is that product, not a related one."
+    ),
 }
 
 # ----- prompt (verl-agent's WebShop template, rewritten) -----------------------------------------
@@ -132,7 +141,7 @@ def format_page(page: str, instruction: str) -> str:
     """verl-agent's ``format_obs``: the parts after the instruction, each in single quotes."""
     parts = page.split(SEP)
     if instruction in parts:
-        rest = parts[parts.index(instruction) + 1:]
+        rest = parts[parts.index(instruction) + 1 :]
         return SEP.join(f"'{p}'" for p in rest)
     return page
 
@@ -143,23 +152,32 @@ def admissible_actions(available: dict) -> list[str]:
     return actions + [f"click[{c}]" for c in available.get("clickables", []) if c != "search"]
 
 
-def build_messages(history: list[tuple[str, str]], observation: Observation, history_length: int,
-                   task_text: str) -> list[Message]:
+def build_messages(
+    history: list[tuple[str, str]], observation: Observation, history_length: int, task_text: str
+) -> list[Message]:
     """The user message of the next turn (shared by ``webshop`` and ``webshop_real``)."""
     actions = "\n".join(f"'{a}'," for a in observation.admissible_actions)
     current = format_page(observation.text, task_text)
     if not history or history_length <= 0:
-        text = WEBSHOP_TEMPLATE_NO_HIS.format(task_description=task_text, current_observation=current,
-                                              available_actions=actions)
+        text = WEBSHOP_TEMPLATE_NO_HIS.format(
+            task_description=task_text, current_observation=current, available_actions=actions
+        )
     else:
         recent = history[-history_length:]
         first = len(history) - len(recent) + 1
-        lines = [f"[Observation {first + i}: '{format_page(obs, task_text)}', Action {first + i}: '{act}']"
-                 for i, (obs, act) in enumerate(recent)]
-        text = WEBSHOP_TEMPLATE.format(task_description=task_text, step_count=len(history),
-                                       history_length=len(recent), action_history="\n".join(lines),
-                                       current_step=len(history) + 1, current_observation=current,
-                                       available_actions=actions)
+        lines = [
+            f"[Observation {first + i}: '{format_page(obs, task_text)}', Action {first + i}: '{act}']"
+            for i, (obs, act) in enumerate(recent)
+        ]
+        text = WEBSHOP_TEMPLATE.format(
+            task_description=task_text,
+            step_count=len(history),
+            history_length=len(recent),
+            action_history="\n".join(lines),
+            current_step=len(history) + 1,
+            current_observation=current,
+            available_actions=actions,
+        )
     return [Message(role="user", content=text)]
 
 
@@ -197,14 +215,19 @@ class WebShopOptions:
             raise ValueError(f"webshop n_products must be between 60 and 20000, got {self.n_products}")
         if self.max_turns < 1:
             raise ValueError(f"webshop max_turns must be >= 1, got {self.max_turns}")
-        if self.n_tasks is not None and (not isinstance(self.n_tasks, int) or isinstance(self.n_tasks, bool)
-                                         or self.n_tasks < 1):
+        if self.n_tasks is not None and (
+            not isinstance(self.n_tasks, int) or isinstance(self.n_tasks, bool) or self.n_tasks < 1
+        ):
             raise ValueError(f"webshop n_tasks must be null or an int >= 1, got {self.n_tasks!r}")
         if self.reward_mode not in set(RewardMode):
-            raise ValueError(f"webshop reward_mode must be one of {[m.value for m in RewardMode]}, "
-                             f"got {self.reward_mode!r}")
-        if isinstance(self.success_reward, bool) or not isinstance(self.success_reward, (int, float)) \
-                or not self.success_reward > 0:
+            raise ValueError(
+                f"webshop reward_mode must be one of {[m.value for m in RewardMode]}, got {self.reward_mode!r}"
+            )
+        if (
+            isinstance(self.success_reward, bool)
+            or not isinstance(self.success_reward, (int, float))
+            or not self.success_reward > 0
+        ):
             raise ValueError(f"webshop success_reward must be a number > 0, got {self.success_reward!r}")
         if not isinstance(self.reject_cjk, bool):
             raise ValueError(f"webshop reject_cjk must be true or false, got {self.reject_cjk!r}")
@@ -221,9 +244,11 @@ def draw_goal(catalog: Catalog, index: SearchIndex, split: str, task_index: int)
         goal = generate_goal(catalog, split, task_index, attempt)
         if requirement_split(goal) == split and index.rank(goal.instruction, goal.asin) is not None:
             return goal
-    raise RuntimeError(f"webshop: none of {GOAL_ATTEMPTS} draws for task {task_index} of split {split!r} "
-                       f"(catalog {catalog.key}) has a {split} requirement and is found by its own "
-                       f"instruction; try another catalog_seed or a larger n_products")
+    raise RuntimeError(
+        f"webshop: none of {GOAL_ATTEMPTS} draws for task {task_index} of split {split!r} "
+        f"(catalog {catalog.key}) has a {split} requirement and is found by its own "
+        f"instruction; try another catalog_seed or a larger n_products"
+    )
 
 
 def check_split(split: str) -> None:
@@ -241,12 +266,16 @@ def criteria_from_breakdown(score: RewardBreakdown | None, item_turn: int, buy_t
     if score is None:
         verdicts = {c: (False, buy_turn) for c in FEEDBACK}
     else:
-        verdicts = {"attributes": (score.n_att == score.n_goal_att, item_turn),
-                    "options": (score.n_opt >= score.n_goal_opt, buy_turn),
-                    "price": (score.price_ok, item_turn),
-                    "type": (score.r_type == 1.0, item_turn)}
-    return [CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else turn, feedback=FEEDBACK[c])
-            for c, (ok, turn) in verdicts.items()]
+        verdicts = {
+            "attributes": (score.n_att == score.n_goal_att, item_turn),
+            "options": (score.n_opt >= score.n_goal_opt, buy_turn),
+            "price": (score.price_ok, item_turn),
+            "type": (score.r_type == 1.0, item_turn),
+        }
+    return [
+        CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else turn, feedback=FEEDBACK[c])
+        for c, (ok, turn) in verdicts.items()
+    ]
 
 
 @register_env("webshop")
@@ -297,8 +326,9 @@ class WebShopEnv(TextEnv):
         if g is None:
             return None
         opts = ", ".join(f"{k}: {v}" for k, v in sorted(g.options.items()))
-        return (f"The item to buy is {g.asin.lower()} ({g.name}); search for: {g.query}."
-                + (f" Choose {opts}." if opts else ""))
+        return f"The item to buy is {g.asin.lower()} ({g.name}); search for: {g.query}." + (
+            f" Choose {opts}." if opts else ""
+        )
 
     def expert_response(self) -> str | None:
         """The shopper that does not know the target (``envs/webshop/expert.py``), or None after the purchase."""
@@ -309,8 +339,9 @@ class WebShopEnv(TextEnv):
         return None if self.engine is None or self._done else hinted_response(self.engine, self.goal)
 
     def _observation(self) -> Observation:
-        return Observation(text=self.engine.observation(),
-                           admissible_actions=admissible_actions(self.engine.get_available_actions()))
+        return Observation(
+            text=self.engine.observation(), admissible_actions=admissible_actions(self.engine.get_available_actions())
+        )
 
     def step(self, response: str) -> StepResult:
         if self.engine is None or self._obs is None:
@@ -336,13 +367,25 @@ class WebShopEnv(TextEnv):
             reward = purchase_reward(self.score, self.options.reward_mode, self.success_reward)
         self._done = self.engine.done or self._turn >= self.max_turns
         criteria = criteria_from_breakdown(self.score, self._item_turn, turn) if self._done else []
-        info = {"turn": self._turn, "invalid_reason": reason, "task_id": self._task_id,
-                "task_score": self.score.total if self.score else 0.0}
+        info = {
+            "turn": self._turn,
+            "invalid_reason": reason,
+            "task_id": self._task_id,
+            "task_score": self.score.total if self.score else 0.0,
+        }
         if self.score is not None:
             info["purchased"] = self.engine.purchase[0].asin
             info["reward_terms"] = asdict(self.score)
-        return StepResult(observation=self._obs, reward=reward, done=self._done, won=won,
-                          action_valid=not reason, action=parsed.action, criteria=criteria, info=info)
+        return StepResult(
+            observation=self._obs,
+            reward=reward,
+            done=self._done,
+            won=won,
+            action_valid=not reason,
+            action=parsed.action,
+            criteria=criteria,
+            info=info,
+        )
 
     # ----- task metadata -------------------------------------------------------------------------
     @property
@@ -380,5 +423,14 @@ class WebShopEnv(TextEnv):
         return build_messages(history, observation, history_length, self.task_text)
 
 
-__all__ = ["FEEDBACK", "TASK_TYPES", "WebShopEnv", "WebShopOptions", "admissible_actions", "build_messages",
-           "extract_instruction", "format_page", "parse_action"]
+__all__ = [
+    "FEEDBACK",
+    "TASK_TYPES",
+    "WebShopEnv",
+    "WebShopOptions",
+    "admissible_actions",
+    "build_messages",
+    "extract_instruction",
+    "format_page",
+    "parse_action",
+]

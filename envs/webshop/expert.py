@@ -11,6 +11,7 @@ Both read the current page off the engine, so either can take over an episode at
   hint's query (the instruction when that query does not list the target), pages straight to
   the target item, picks the options and buys.
 """
+
 from __future__ import annotations
 
 from envs.webshop.catalog import Goal, Product
@@ -42,8 +43,10 @@ def shopper_response(engine: WebShopEngine, goal: Goal) -> str | None:
         for asin in engine.shown():
             p = engine.catalog.by_asin[asin]
             if satisfies(p, goal):
-                return _say(f"{p.title} costs ${p.price:.2f}, under the limit, and has what the instruction asks "
-                            "for: open it.", f"click[{asin.lower()}]")
+                return _say(
+                    f"{p.title} costs ${p.price:.2f}, under the limit, and has what the instruction asks for: open it.",
+                    f"click[{asin.lower()}]",
+                )
         return _page_on(engine, "No item on this page matches the instruction")
     return _on_item(engine, goal, satisfies(engine.product, goal))
 

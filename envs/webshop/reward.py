@@ -34,6 +34,7 @@ Example (a goal with two attributes and two options, the right product)::
     >>> get_reward(target, goal, options={}).total  # no options chosen: (2+0+1)/5  # doctest: +SKIP
     0.6
 """
+
 from __future__ import annotations
 
 import re
@@ -47,8 +48,7 @@ FUZZY_THRESHOLD = 85  # token_set_ratio must be strictly above this
 EXACT_MATCH_OPTIONS = ("size",)
 
 _WORD = re.compile(r"[a-z0-9]+")
-_STOPWORDS = frozenset(
-    "an and are as at be by for from in into is it its of on or the to with without".split())
+_STOPWORDS = frozenset("an and are as at be by for from in into is it its of on or the to with without".split())
 
 
 def fuzzy_match(a: str, b: str) -> bool:
@@ -101,8 +101,7 @@ def attribute_matches(product: Product, goal: Goal) -> int:
     text = product.reward_text()
     n = 0
     for wanted in goal.attributes:
-        if any(fuzzy_match(have, wanted) for have in product.attributes) \
-                or wanted in text:
+        if any(fuzzy_match(have, wanted) for have in product.attributes) or wanted in text:
             n += 1
     return n
 
@@ -131,6 +130,15 @@ def get_reward(product: Product, goal: Goal, options: dict[str, str], price: flo
     price_ok = price <= goal.price_upper
     denominator = len(goal.attributes) + len(goal.options) + 1
     total = r_type * (n_att + n_opt + int(price_ok)) / denominator
-    return RewardBreakdown(total=total, r_type=r_type, n_att=n_att, n_goal_att=len(goal.attributes), n_opt=n_opt,
-                           n_goal_opt=len(goal.options), price_ok=price_ok, query_match=query_match,
-                           category_match=category_match, title_score=title_score)
+    return RewardBreakdown(
+        total=total,
+        r_type=r_type,
+        n_att=n_att,
+        n_goal_att=len(goal.attributes),
+        n_opt=n_opt,
+        n_goal_opt=len(goal.options),
+        price_ok=price_ok,
+        query_match=query_match,
+        category_match=category_match,
+        title_score=title_score,
+    )

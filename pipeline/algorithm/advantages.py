@@ -38,6 +38,7 @@ the unit centring for the alignment ``alpha`` is the mean of the unit (row) mean
 because it cancels in the group whitening (``r_T = eta_r * m * qhat`` added to centred rows is a
 no-op for the row advantage, as docs/methods.md says); rows without tokens are rejected.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -125,8 +126,6 @@ def _normalise(values: Tensor, ids: Tensor, count: Tensor, mean: Tensor, std: Te
 def row_scores(rows: Sequence[RowInput], invalid_penalty: float) -> Tensor:
     """``R_row = episode_reward - invalid_penalty * (not action_valid)``, ``# [B]`` float64."""
     return torch.tensor([r.episode_reward - invalid_penalty * (not r.action_valid) for r in rows], dtype=_F64)
-
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,8 +370,15 @@ def adrs_advantages(
         return [], {}
     if base.advantages.shape[0] != len(rows):
         raise ValueError(f"adrs: base has {base.advantages.shape[0]} advantages for {len(rows)} rows")
-    tva = tva_per_row(rows, teacher_logprobs, level=level, temperature=temperature,
-                      invalid_penalty=invalid_penalty, gamma=gamma, similarity_threshold=similarity_threshold)
+    tva = tva_per_row(
+        rows,
+        teacher_logprobs,
+        level=level,
+        temperature=temperature,
+        invalid_penalty=invalid_penalty,
+        gamma=gamma,
+        similarity_threshold=similarity_threshold,
+    )
     gate = torch.sigmoid(tau * tva)  # [B]
     qhat = torch.cat(adrs_centred_scores(teacher_logprobs, std_mode=std_mode))  # [N]
     _, tok_row, lengths = _flatten(teacher_logprobs)

@@ -15,6 +15,7 @@ Supported models: causal LMs whose logits are ``lm_head(decoder(...).last_hidden
 (Llama, Qwen2/2.5/3, Mistral, SmolLM2, ...). Models that post-process logits (final logit
 softcapping, logit scaling) are refused rather than scored wrongly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -138,8 +139,9 @@ def forward_response(
 
 
 @torch.no_grad()
-def response_logprobs(model: nn.Module, prompts: list[list[int]], responses: list[list[int]], *,
-                      temperature: float = 1.0) -> list[torch.Tensor]:
+def response_logprobs(
+    model: nn.Module, prompts: list[list[int]], responses: list[list[int]], *, temperature: float = 1.0
+) -> list[torch.Tensor]:
     """Per-token log-probs of each ``responses[i]`` after ``prompts[i]`` (one right-padded
     ``forward_response`` on the model's device; CPU float32 tensors out). This is what the learner
     computes for a row, so an engine's behaviour log-probs can be checked against it."""
@@ -152,7 +154,13 @@ def response_logprobs(model: nn.Module, prompts: list[list[int]], responses: lis
     for b, (p, s) in enumerate(zip(prompts, seqs)):
         input_ids[b, : len(s)] = torch.tensor(s)
         attention_mask[b, : len(s)] = 1
-        response_mask[b, len(p): len(s)] = 1
-    lp = forward_response(model, input_ids.to(device), attention_mask.to(device), response_mask.to(device),
-                          temperature=temperature, with_entropy=False).logprobs.cpu()
-    return [lp[b, len(p): len(s)] for b, (p, s) in enumerate(zip(prompts, seqs))]
+        response_mask[b, len(p) : len(s)] = 1
+    lp = forward_response(
+        model,
+        input_ids.to(device),
+        attention_mask.to(device),
+        response_mask.to(device),
+        temperature=temperature,
+        with_entropy=False,
+    ).logprobs.cpu()
+    return [lp[b, len(p) : len(s)] for b, (p, s) in enumerate(zip(prompts, seqs))]

@@ -21,6 +21,7 @@ and are looked up by ``AuxTerm.kind`` in ``AUX_LOSSES``; the kinds in ``AUX_NEED
 the learner to fill the student and teacher logits (see ``full_kl``). Nothing here runs a model,
 touches Ray, or knows which method asked for a term.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ class LossInputs:
         if self.teacher_logprobs is None:
             raise ValueError("this aux loss needs teacher_logprobs (the scorer's log-probs) in the batch")
         return self.teacher_logprobs.detach()
+
 
 _LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps a stale token's ratio finite in float32
 
@@ -242,9 +244,11 @@ def _gap_metrics(x: LossInputs, teacher: Tensor, weight) -> Metrics:
     with torch.no_grad():
         sel, n = x.selected, x.n_tokens_total
         gap = teacher - x.logprobs.detach()
-        out = {"alignment": mean(token_mean(x.proximal_logprobs.detach() - teacher, sel, n)),
-               "teacher_gap_mean": mean(token_mean(gap, sel, n)),
-               "negative_gap_fraction": mean(token_mean((gap < 0).float(), sel, n))}
+        out = {
+            "alignment": mean(token_mean(x.proximal_logprobs.detach() - teacher, sel, n)),
+            "teacher_gap_mean": mean(token_mean(gap, sel, n)),
+            "negative_gap_fraction": mean(token_mean((gap < 0).float(), sel, n)),
+        }
         if isinstance(weight, Tensor):
             out["gate_mean"] = mean(token_mean(weight, sel, n))
             out["gate_active_ratio"] = mean(token_mean((weight > 0.5).float(), sel, n))
@@ -288,8 +292,12 @@ def k3_is(x: LossInputs, *, beta: float | None = None) -> tuple[Tensor, Metrics]
     w = _weight(x, teacher, beta)
     loss = token_mean(w * rho * k3, sel, n)
     with torch.no_grad():
-        metrics = {"loss": mean(loss), "k3_mean": mean(token_mean(k3.detach(), sel, n)),
-                   "rho_mean": mean(token_mean(rho.detach(), sel, n)), **_gap_metrics(x, teacher, w)}
+        metrics = {
+            "loss": mean(loss),
+            "k3_mean": mean(token_mean(k3.detach(), sel, n)),
+            "rho_mean": mean(token_mean(rho.detach(), sel, n)),
+            **_gap_metrics(x, teacher, w),
+        }
     return loss, metrics
 
 
@@ -354,8 +362,10 @@ def nll(x: LossInputs) -> tuple[Tensor, Metrics]:
     one rank it is the mini-batch's per-token NLL."""
     sel = x.selected
     loss = token_mean(-x.logprobs, sel, x.n_tokens_total)
-    return loss, {"loss": Stat(loss.detach(), Reduce.SUM),
-                  "logprob_min": minimum(_masked_extreme(x.logprobs, sel, False))}
+    return loss, {
+        "loss": Stat(loss.detach(), Reduce.SUM),
+        "logprob_min": minimum(_masked_extreme(x.logprobs, sel, False)),
+    }
 
 
 AuxLoss = Callable[..., tuple[Tensor, Metrics]]

@@ -12,6 +12,7 @@ Every metric a loss or the learner reports is a ``Stat``: a value and how it com
 
 Values stay detached 0-d tensors until the learner reports them (no host sync per micro-batch).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,8 +75,9 @@ def to_report(metrics: Metrics) -> dict[str, tuple[float, str]]:
     return {k: (float(s.value), str(s.reduce)) for k, s in metrics.items()}
 
 
-def combine(parts: list[dict[str, tuple[float, str]]], weights: list[float] | None = None
-            ) -> dict[str, tuple[float, str]]:
+def combine(
+    parts: list[dict[str, tuple[float, str]]], weights: list[float] | None = None
+) -> dict[str, tuple[float, str]]:
     """Reports of mini-batches (``weights`` = their token counts) or of ranks (equal weights)."""
     weights = [1.0] * len(parts) if weights is None else [float(w) for w in weights]
     out: dict[str, tuple[float, str]] = {}
@@ -102,5 +104,15 @@ def values(report: dict[str, tuple[float, str]]) -> dict[str, float]:
     return {k: v for k, (v, _) in report.items()}
 
 
-__all__ = ["Metrics", "Reduce", "Stat", "combine", "maximum", "mean", "minimum", "reduce_micro_batches",
-           "to_report", "values"]
+__all__ = [
+    "Metrics",
+    "Reduce",
+    "Stat",
+    "combine",
+    "maximum",
+    "mean",
+    "minimum",
+    "reduce_micro_batches",
+    "to_report",
+    "values",
+]

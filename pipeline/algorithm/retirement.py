@@ -1,8 +1,9 @@
 """RetireOPD's adaptive teacher retirement (docs/methods.md, ``retire_opd``), as a plain class.
 
 Per training step n the method records the alignment ``K_n = token_mean(lp_prox - lpT)`` over the
-step's batch, measured by the learner (the ``alignment`` metric of ``pipeline.algorithm.losses.k3_is``: its
-own log-probs before the step's update, never the rollout engine's). Steps are grouped in windows of W; when a window closes, the
+step's batch, measured by the learner (the ``alignment`` metric of
+``pipeline.algorithm.losses.k3_is``: its own log-probs before the step's update, never the rollout
+engine's). Steps are grouped in windows of W; when a window closes, the
 controller wants a validation success rate SR_m (``needs_validation``) and ``end_window`` then
 computes ``Kbar_m`` = mean of the window's K_n and, for m >= 2::
 
@@ -31,6 +32,7 @@ Metrics are python floats (this runs on the driver), under the method's prefix (
 RetireOPD): ``K``, ``Kbar``, ``rho``, ``eta`` (the last two only from window 2 on), ``retired``
 (0/1), ``retire_step`` (-1 until retirement).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +41,15 @@ import math
 class RetirementController:
     """Windows of K_n, validation at each window end, permanent retirement."""
 
-    def __init__(self, *, teacher_success_rate: float | None, window: int = 5, delta: float = 0.0,
-                 gamma: float = 0.9, prefix: str = "opd"):
+    def __init__(
+        self,
+        *,
+        teacher_success_rate: float | None,
+        window: int = 5,
+        delta: float = 0.0,
+        gamma: float = 0.9,
+        prefix: str = "opd",
+    ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         if teacher_success_rate is not None and teacher_success_rate < 0:
@@ -81,8 +90,9 @@ class RetirementController:
         """Close the full window with its validation success rate (and, for a teacher that learns,
         SR_T measured now); may retire the teacher."""
         if not self.needs_validation:
-            raise RuntimeError(f"end_window needs a full window ({len(self.pending)}/{self.window} steps, "
-                               f"retired={self.retired})")
+            raise RuntimeError(
+                f"end_window needs a full window ({len(self.pending)}/{self.window} steps, retired={self.retired})"
+            )
         if teacher_success_rate is not None:
             if teacher_success_rate < 0:
                 raise ValueError(f"teacher_success_rate must be >= 0, got {teacher_success_rate}")

@@ -1,4 +1,5 @@
 """The context-provider interface (see ``pipeline.context.providers`` for the kinds and the registry)."""
+
 from __future__ import annotations
 
 import abc
@@ -20,8 +21,11 @@ def task_seed_of(task_text: str) -> int:
 def turn_feedback(episode: Episode, turn_index: int, always_on: bool = False) -> list[str]:
     """Feedback strings for one row: failed criteria failing at ``turn_index`` (with ``always_on``:
     every failed criterion of the episode), non-empty ones only, in criterion order."""
-    return [c.feedback for c in episode.criteria
-            if not c.passed and (always_on or c.failing_turn == turn_index) and c.feedback.strip()]
+    return [
+        c.feedback
+        for c in episode.criteria
+        if not c.passed and (always_on or c.failing_turn == turn_index) and c.feedback.strip()
+    ]
 
 
 @dataclass
@@ -53,8 +57,9 @@ class StudentView(abc.ABC):
     prompt it builds. Must pickle small (it travels with every ``run_group``)."""
 
     @abc.abstractmethod
-    def apply(self, messages: list[Message], env, turn: int,
-              default_system: str | None) -> tuple[PrivilegedPrompt, list[str]]:
+    def apply(
+        self, messages: list[Message], env, turn: int, default_system: str | None
+    ) -> tuple[PrivilegedPrompt, list[str]]:
         """The prompt to render for this turn, and the ids of the context offered (for UCB)."""
 
 
@@ -73,20 +78,16 @@ class ContextProvider(abc.ABC):
         self.opts, self.env_name, self.seed = opts, env_name, seed
 
     @abc.abstractmethod
-    def teacher_prompt(self, prompts, episode: Episode, row: TurnRecord) -> list[int] | None:
-        ...
+    def teacher_prompt(self, prompts, episode: Episode, row: TurnRecord) -> list[int] | None: ...
 
     @abc.abstractmethod
-    def student_view(self, first_attempt: Episode | None = None) -> StudentView | None:
-        ...
+    def student_view(self, first_attempt: Episode | None = None) -> StudentView | None: ...
 
-    def observe(self, groups: list[EpisodeGroup]) -> None:
+    def observe(self, groups: list[EpisodeGroup]) -> None:  # noqa: B027 - optional hook
         pass
 
     def state_dict(self) -> dict:
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027 - optional hook
         pass
-
-

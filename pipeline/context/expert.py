@@ -2,13 +2,22 @@
 start's behaviour cloning (``pipeline.orchestration.warm_start``) and of the equal-information
 baseline's hinted demonstrations (``actors.rollout``). It lives in the context layer because both
 of those layers use it and neither may import the other."""
+
 from __future__ import annotations
 
 from pipeline.core.types import TurnRecord
 
 
-def expert_episode(env, prompts, seed: int, max_turns: int | None = None, *, hinted_reply: bool = False,
-                   hint_prompt=None, version: int = 0) -> tuple[list[TurnRecord], bool] | None:
+def expert_episode(
+    env,
+    prompts,
+    seed: int,
+    max_turns: int | None = None,
+    *,
+    hinted_reply: bool = False,
+    hint_prompt=None,
+    version: int = 0,
+) -> tuple[list[TurnRecord], bool] | None:
     """The env's expert plays task ``seed`` of ``env`` (a fresh env of the wanted split); returns
     its turns as rows and whether it won, or None when ``hinted_reply`` and the task has no hint.
 
@@ -30,11 +39,22 @@ def expert_episode(env, prompts, seed: int, max_turns: int | None = None, *, hin
         messages, ids, truncated, _ = prompts.build(env, history, obs, turn)
         res = env.step(text)
         if not res.action_valid:
-            raise RuntimeError(f"{env.__class__.__name__} task {seed} turn {turn}: the expert's response "
-                               f"{text!r} is invalid ({res.info.get('invalid_reason')})")
-        row = TurnRecord(prompt_ids=ids, response_ids=[], behaviour_logprobs=[], policy_version=version,
-                         turn_index=turn, messages=messages, response_text=text, action=res.action,
-                         truncated_prompt=truncated, step_reward=res.reward)
+            raise RuntimeError(
+                f"{env.__class__.__name__} task {seed} turn {turn}: the expert's response "
+                f"{text!r} is invalid ({res.info.get('invalid_reason')})"
+            )
+        row = TurnRecord(
+            prompt_ids=ids,
+            response_ids=[],
+            behaviour_logprobs=[],
+            policy_version=version,
+            turn_index=turn,
+            messages=messages,
+            response_text=text,
+            action=res.action,
+            truncated_prompt=truncated,
+            step_reward=res.reward,
+        )
         if hint_prompt is not None:
             teacher, placement = hint_prompt
             row.prompt_ids = teacher.skills_ids(row, hint, placement)

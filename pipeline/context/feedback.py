@@ -1,5 +1,6 @@
 """``feedback``: the feedback strings of the criteria that failed at a row's turn (targeted
 guidance), right before the response; a student view needs a first attempt of the task."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,6 +44,7 @@ class FeedbackContext(ContextProvider):
         per_turn: dict[int, list[str]] = {}
         for c in first_attempt.criteria:
             if not c.passed and c.feedback.strip():
-                per_turn.setdefault(0 if self.always_on or c.failing_turn is None else c.failing_turn,
-                                    []).append(c.feedback)
+                per_turn.setdefault(0 if self.always_on or c.failing_turn is None else c.failing_turn, []).append(
+                    c.feedback
+                )
         return FeedbackView(feedback=per_turn) if per_turn else None

@@ -6,6 +6,7 @@ The env writes it (``TextEnv.privileged_hint``) when an episode resets; the roll
 it in ``Episode.privileged_hint``, so the teacher scorer, which has no env, reads it from the
 episode, and a student view (privileged validation, a student trained with hints) asks the env.
 """
+
 from __future__ import annotations
 
 import dataclasses

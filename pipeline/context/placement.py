@@ -27,6 +27,7 @@ the privileged text is added to the student's prompt as it was sampled (already 
 ``rollout.max_prompt_tokens`` by dropping old history) and never cut. These functions never mutate
 their input messages.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -77,8 +78,9 @@ def in_first_user(messages: Sequence[Message], privileged: str) -> list[Message]
     raise ValueError("placement 'user' needs a user message in the prompt; the messages have none")
 
 
-def with_privileged(messages: Sequence[Message], privileged: str, placement: str,
-                    default_system: str | None = None) -> PrivilegedPrompt:
+def with_privileged(
+    messages: Sequence[Message], privileged: str, placement: str, default_system: str | None = None
+) -> PrivilegedPrompt:
     """The teacher prompt for one turn row. Empty ``privileged`` text leaves the prompt unchanged.
     ``default_system``: the chat template's default system prompt, if it has one
     (``pipeline.context.prompts.default_system_prompt``)."""
@@ -94,8 +96,9 @@ def with_privileged(messages: Sequence[Message], privileged: str, placement: str
     return PrivilegedPrompt(messages=in_first_user(messages, privileged))
 
 
-def insert_feedback(messages: Sequence[Message], feedback: Sequence[str],
-                    header: str = FEEDBACK_HEADER) -> list[Message]:
+def insert_feedback(
+    messages: Sequence[Message], feedback: Sequence[str], header: str = FEEDBACK_HEADER
+) -> list[Message]:
     """Put the feedback right before the assistant's response: at the end of the last message when
     it is the user's, or, after a tool result (``role="tool"``), as a user turn of its own (a
     judge's remark is not part of the tool's output)."""
@@ -110,6 +113,7 @@ def insert_feedback(messages: Sequence[Message], feedback: Sequence[str],
     elif last == "tool":
         out.append(Message(role="user", content=block))
     else:
-        raise ValueError(f"feedback goes right before the response, after a user or tool message, but the "
-                         f"prompt ends with {last}")
+        raise ValueError(
+            f"feedback goes right before the response, after a user or tool message, but the prompt ends with {last}"
+        )
     return out

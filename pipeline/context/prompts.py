@@ -10,6 +10,7 @@ top and never cut; a privileged prompt longer than ``max_total_tokens`` (the mod
 raises with what to change rather than silently truncating the skills (SDAR's released code
 left-truncates and can cut them).
 """
+
 from __future__ import annotations
 
 from pipeline.context.placement import insert_feedback, with_privileged
@@ -43,9 +44,9 @@ def default_system_prompt(tok) -> str | None:
     alone = _render(tok, [Message(role="user", content="x")])
     marked = _render(tok, [Message(role="system", content=marker), Message(role="user", content="x")])
     p, q = _diff(alone, marked)
-    if marked[p:len(marked) - q] != marker:
+    if marked[p : len(marked) - q] != marker:
         return None  # the marker brought template markup with it: no default system block
-    return alone[p:len(alone) - q] or None
+    return alone[p : len(alone) - q] or None
 
 
 class TeacherPrompts:
@@ -69,7 +70,8 @@ class TeacherPrompts:
         if len(ids) + row.n_response > self.max_total_tokens:
             raise PromptTooLongError(
                 f"privileged prompt of {len(ids)} tokens + {row.n_response} response tokens exceeds "
-                f"{self.max_total_tokens}: lower rollout.max_prompt_tokens or method.skill_top_k")
+                f"{self.max_total_tokens}: lower rollout.max_prompt_tokens or method.skill_top_k"
+            )
         return ids
 
     def _encode(self, text: str) -> list[int]:
@@ -85,7 +87,7 @@ class TeacherPrompts:
         if pure and (p == len(student_text) or p in starts):
             k = starts.index(p) if p < len(student_text) else len(ids)
             if all(e <= p for _, e in offsets[:k]):
-                return self._check(ids[:k] + self._encode(teacher_text[p:len(teacher_text) - q]) + ids[k:], row)
+                return self._check(ids[:k] + self._encode(teacher_text[p : len(teacher_text) - q]) + ids[k:], row)
         return self._check(self._encode(teacher_text), row)
 
     def plain_ids(self, row: TurnRecord) -> list[int]:

@@ -22,6 +22,7 @@ One skill retriever, on the driver, owns the UCB statistics: a student view carr
 them to the rollout worker, the worker records which skills it offered in
 ``Episode.context_ids``, and ``observe`` updates the statistics from the groups that come back.
 """
+
 from __future__ import annotations
 
 from pipeline.context.base import ContextProvider, StudentView, TeacherSpec, task_seed_of, turn_feedback
@@ -39,5 +40,19 @@ def register_provider(cls: type[ContextProvider]) -> type[ContextProvider]:
     PROVIDERS[cls.kind] = cls
     return cls
 
-__all__ = ["ContextProvider", "FeedbackContext", "FeedbackView", "HintsContext", "HintsView", "PROVIDERS", "SkillsContext", "SkillsView",
-           "StudentView", "TeacherSpec", "register_provider", "task_seed_of", "turn_feedback"]
+
+__all__ = [
+    "ContextProvider",
+    "FeedbackContext",
+    "FeedbackView",
+    "HintsContext",
+    "HintsView",
+    "PROVIDERS",
+    "SkillsContext",
+    "SkillsView",
+    "StudentView",
+    "TeacherSpec",
+    "register_provider",
+    "task_seed_of",
+    "turn_feedback",
+]

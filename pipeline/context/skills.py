@@ -2,6 +2,7 @@
 placement raw_prefix | system | user. One retriever on the driver owns the UCB statistics; a
 student view carries a snapshot of them, the worker records the offered ids in
 ``Episode.context_ids``, ``observe`` updates the statistics."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,8 +50,10 @@ class SkillsContext(ContextProvider):
 
         def validate(self, method: str) -> None:
             if not self.skill_bank:
-                raise ValueError(f"method={method}: method.skill_bank is empty; name a packaged bank "
-                                 "(e.g. alfworld) or a bank JSON path")
+                raise ValueError(
+                    f"method={method}: method.skill_bank is empty; name a packaged bank "
+                    "(e.g. alfworld) or a bank JSON path"
+                )
             modes = [m.value for m in RetrievalMode]
             if self.skill_mode not in modes:
                 raise ValueError(f"method={method}: method.skill_mode={self.skill_mode!r}; choose one of {modes}")
@@ -85,8 +88,14 @@ class SkillsContext(ContextProvider):
 
     def student_view(self, first_attempt=None):
         o = self.opts
-        return SkillsView(bank=o.skill_bank, mode=o.skill_mode, top_k=o.skill_top_k, placement=o.placement,
-                          seed=self.seed, ucb_state=self.retriever.state_dict())
+        return SkillsView(
+            bank=o.skill_bank,
+            mode=o.skill_mode,
+            top_k=o.skill_top_k,
+            placement=o.placement,
+            seed=self.seed,
+            ucb_state=self.retriever.state_dict(),
+        )
 
     def observe(self, groups):
         if self.opts.skill_mode != RetrievalMode.UCB:

@@ -4,6 +4,7 @@ One builder serves both, so an expert row of the warm start (``pipeline/warm_sta
 the prompt RL will sample from at that state: same chat template, same history window, same
 budget (``rollout.max_prompt_tokens``, oldest history dropped first, the task never).
 """
+
 from __future__ import annotations
 
 from pipeline.context.placement import PrivilegedPrompt
@@ -24,8 +25,9 @@ class StudentPrompts:
         self.default_system = default_system_prompt(tokenizer)  # where a system placement goes
 
     def encode(self, prompt: PrivilegedPrompt) -> list[int]:
-        out = self.tokenizer.apply_chat_template([m.as_dict() for m in prompt.messages],
-                                                 add_generation_prompt=True, tokenize=True)
+        out = self.tokenizer.apply_chat_template(
+            [m.as_dict() for m in prompt.messages], add_generation_prompt=True, tokenize=True
+        )
         if isinstance(out, dict) or hasattr(out, "keys"):
             out = out["input_ids"]
         prefix = list(self.tokenizer(prompt.prefix, add_special_tokens=False)["input_ids"]) if prompt.prefix else []
@@ -44,7 +46,8 @@ class StudentPrompts:
                 return prompt.messages, ids, h < full, offered
         raise PromptTooLong(
             f"the prompt without history is {len(ids)} tokens > rollout.max_prompt_tokens="
-            f"{self.max_prompt_tokens}; raise rollout.max_prompt_tokens")
+            f"{self.max_prompt_tokens}; raise rollout.max_prompt_tokens"
+        )
 
     def response_ids(self, messages: list[Message], text: str) -> list[int]:
         """The ids a model emits for ``text`` as its reply to ``messages``, ending with the chat
@@ -58,10 +61,10 @@ class StudentPrompts:
         whole = tok.apply_chat_template(convo + [{"role": "assistant", "content": text}], tokenize=False)
         stops = stop_token_ids(tok)
         if whole.startswith(prompt):
-            ids = list(tok(whole[len(prompt):], add_special_tokens=False)["input_ids"])
+            ids = list(tok(whole[len(prompt) :], add_special_tokens=False)["input_ids"])
             for n, i in enumerate(ids):
                 if i in stops:
-                    return ids[:n + 1]
+                    return ids[: n + 1]
         # A template that rewrites earlier turns once a reply follows: the reply's own tokens
         # and the first stop token.
         return list(tok(text, add_special_tokens=False)["input_ids"]) + stops[:1]

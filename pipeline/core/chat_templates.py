@@ -19,6 +19,7 @@ A base model's vocabulary may lack a template's markers (then they are plain tex
 must learn them); ``stop_token_ids`` adds a template's end-of-turn marker to the stop ids only
 where it is a single token of the vocabulary.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """What a one-line report says of an exception."""
+
 from __future__ import annotations
 
 

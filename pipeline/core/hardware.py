@@ -21,6 +21,7 @@ AVX-512 machine take (and measure) the AVX2 path.
 Threads: every actor sets its torch thread count explicitly (``set_threads``) and reports it, so
 that two actors sharing two cores never oversubscribe them (see ``pipeline.orchestration.run.actor_threads``).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,9 +29,18 @@ from dataclasses import dataclass
 
 PRECISIONS = ("auto", "fp32", "bf16")
 EMULATED_BF16_SLOWDOWN = "10-20x"  # bf16 vs fp32 matmuls without native bf16 (measured, see above)
-_ONEDNN_BF16_ISAS = ("ALL", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX",
-                     "AVX512_CORE_AMX_FP16", "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16",
-                     "AVX10_2_512", "AVX10_2_512_AMX_2")
+_ONEDNN_BF16_ISAS = (
+    "ALL",
+    "AVX512_CORE_BF16",
+    "AVX512_CORE_FP16",
+    "AVX512_CORE_AMX",
+    "AVX512_CORE_AMX_FP16",
+    "AVX10_1_512",
+    "AVX10_1_512_AMX",
+    "AVX10_1_512_AMX_FP16",
+    "AVX10_2_512",
+    "AVX10_2_512_AMX_2",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +57,12 @@ class CpuFeatures:
         import torch
 
         cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
-        return cls(capability=str(torch.backends.cpu.get_cpu_capability()),
-                   avx512_bf16=bool(torch.cpu._is_avx512_bf16_supported()),
-                   amx_bf16=bool(torch.cpu._is_amx_tile_supported()),
-                   onednn_max_isa=cap.upper() if cap else None)
+        return cls(
+            capability=str(torch.backends.cpu.get_cpu_capability()),
+            avx512_bf16=bool(torch.cpu._is_avx512_bf16_supported()),
+            amx_bf16=bool(torch.cpu._is_amx_tile_supported()),
+            onednn_max_isa=cap.upper() if cap else None,
+        )
 
     @property
     def native_bf16(self) -> bool:
@@ -75,8 +87,9 @@ class PrecisionChoice:
         return f"{who}: {self.dtype} ({self.reason})"
 
 
-def choose_precision(requested: str, device: str = "cpu", *, cpu: CpuFeatures | None = None,
-                     cuda_bf16: bool | None = None) -> PrecisionChoice:
+def choose_precision(
+    requested: str, device: str = "cpu", *, cpu: CpuFeatures | None = None, cuda_bf16: bool | None = None
+) -> PrecisionChoice:
     """Resolve ``auto | fp32 | bf16`` for an actor on ``device`` ("cpu" or "cuda").
 
     ``cpu`` / ``cuda_bf16`` default to what this process's torch reports; tests pass their own.
@@ -89,8 +102,10 @@ def choose_precision(requested: str, device: str = "cpu", *, cpu: CpuFeatures | 
 
             cuda_bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         if requested == "auto":
-            return PrecisionChoice("bf16" if cuda_bf16 else "fp32",
-                                   "auto on a GPU " + ("with" if cuda_bf16 else "without") + " bf16 support")
+            return PrecisionChoice(
+                "bf16" if cuda_bf16 else "fp32",
+                "auto on a GPU " + ("with" if cuda_bf16 else "without") + " bf16 support",
+            )
         return PrecisionChoice(requested, "set explicitly on a GPU")
     cpu = cpu or CpuFeatures.detect()
     native = cpu.native_bf16
@@ -98,10 +113,15 @@ def choose_precision(requested: str, device: str = "cpu", *, cpu: CpuFeatures | 
         what = "native bf16" if native else "no native bf16: bf16 would be emulated"
         return PrecisionChoice("bf16" if native else "fp32", f"auto, CPU with {what}; {cpu.describe()}")
     if requested == "bf16" and not native:
-        return PrecisionChoice("bf16", f"set explicitly; {cpu.describe()}",
-                               warning=(f"bf16 on a CPU without native bf16 ({cpu.describe()}) is emulated: "
-                                        f"expect it to be about {EMULATED_BF16_SLOWDOWN} slower than fp32; "
-                                        "use precision=auto or fp32"))
+        return PrecisionChoice(
+            "bf16",
+            f"set explicitly; {cpu.describe()}",
+            warning=(
+                f"bf16 on a CPU without native bf16 ({cpu.describe()}) is emulated: "
+                f"expect it to be about {EMULATED_BF16_SLOWDOWN} slower than fp32; "
+                "use precision=auto or fp32"
+            ),
+        )
     return PrecisionChoice(requested, f"set explicitly; {cpu.describe()}")
 
 

@@ -4,6 +4,7 @@ A micro-batch holds consecutive rows whose padded size (rows x longest row) fits
 micro-batch is cut to its own longest row so padding is not carried through the forward pass.
 A single row longer than the budget still forms a micro-batch of its own.
 """
+
 from __future__ import annotations
 
 from dataclasses import fields, replace
@@ -25,8 +26,9 @@ def row_lengths(attention_mask: torch.Tensor) -> list[int]:
 
 def split_by_tokens(batch: TrainBatch, budget: int) -> list[TrainBatch]:
     lengths = row_lengths(batch.attention_mask)
-    t_lengths = (row_lengths(batch.teacher_attention_mask)
-                 if batch.teacher_attention_mask is not None else [0] * len(lengths))
+    t_lengths = (
+        row_lengths(batch.teacher_attention_mask) if batch.teacher_attention_mask is not None else [0] * len(lengths)
+    )
     spans: list[tuple[int, int]] = []
     start, longest = 0, 0
     for i, (n, nt) in enumerate(zip(lengths, t_lengths)):
@@ -111,8 +113,9 @@ def split_rows(batch: TrainBatch, n_parts: int) -> list[TrainBatch]:
     The batch's ``extra_loss_tokens`` go to the first shard only (the ranks sum them)."""
     b = batch.n_rows
     bounds = [round(i * b / n_parts) for i in range(n_parts + 1)]
-    shards = [slice_rows(batch, bounds[i], bounds[i + 1], copy=True) for i in range(n_parts)
-              if bounds[i + 1] > bounds[i]]
+    shards = [
+        slice_rows(batch, bounds[i], bounds[i + 1], copy=True) for i in range(n_parts) if bounds[i + 1] > bounds[i]
+    ]
     return [replace(s, extra_loss_tokens=0.0) if i else s for i, s in enumerate(shards)]
 
 
@@ -120,8 +123,7 @@ def to_device(batch: TrainBatch, device: "str | torch.device") -> TrainBatch:
     """The batch with every tensor on ``device`` (the same object when they are there already)."""
     device = torch.device(device)
     here = batch.input_ids.device
-    if here.type == device.type and (device.index is None or here.index == device.index
-                                     or device.type == "cpu"):
+    if here.type == device.type and (device.index is None or here.index == device.index or device.type == "cpu"):
         return batch
     kw = {name: getattr(batch, name).to(device, non_blocking=True) for name in _ALIGNED}
     kw["aux"] = {k: v.to(device, non_blocking=True) for k, v in batch.aux.items()}

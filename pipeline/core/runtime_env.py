@@ -4,6 +4,7 @@
 Ray, DeepSpeed or wandb are imported; the same values go to every Ray actor through the run's
 runtime env. Users can still override any of them in their environment (only unset ones are set).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,16 @@ def runtime_env_defaults() -> dict[str, str]:
     return out
 
 
-KEYS = ("RAY_AUTH_MODE", "WANDB_MODE", "HF_HUB_OFFLINE", "TRANSFORMERS_NO_ADVISORY_WARNINGS",
-        "TOKENIZERS_PARALLELISM", "RAY_DEDUP_LOGS", "MALLOC_ARENA_MAX", "DS_ACCELERATOR")
+KEYS = (
+    "RAY_AUTH_MODE",
+    "WANDB_MODE",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS",
+    "TOKENIZERS_PARALLELISM",
+    "RAY_DEDUP_LOGS",
+    "MALLOC_ARENA_MAX",
+    "DS_ACCELERATOR",
+)
 
 
 def set_process_env() -> dict[str, str]:

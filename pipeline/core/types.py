@@ -7,6 +7,7 @@ shape comment such as ``# [n_response]``; tensors carry ``# [B, T]`` comments wh
 This module imports nothing heavy so every Ray process can unpickle records cheaply; the one
 torch-typed record (TrainBatch) only names torch in annotations.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -20,6 +20,7 @@ engines; the object store route (``pipeline/distributed/weight_sync.py``) stays 
   state dict that no longer matches the meta the receivers were given; the receivers then time
   out with a WeightSyncError.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -114,9 +115,16 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def init_group(host: str, port: int, rank: int, world_size: int, backend: str,
-               timeout_s: float = DEFAULT_TIMEOUT_S, name: str = "privy_weights",
-               tcp: dist.TCPStore | None = None) -> WeightGroup:
+def init_group(
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    backend: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    name: str = "privy_weights",
+    tcp: dist.TCPStore | None = None,
+) -> WeightGroup:
     """Join the weight group; blocks until all ``world_size`` members have joined, so every
     member's call must be in flight at once (see ``LearnerGroup.init_weight_group``).
 
@@ -149,20 +157,25 @@ def _trailer(version: int, sd: dict[str, torch.Tensor], device) -> torch.Tensor:
     return torch.tensor([version, len(sd), n_params, _checksum(sd)], dtype=torch.float64, device=device)
 
 
-def send_buckets(group: WeightGroup, state_dict: dict[str, torch.Tensor], plan: list[Bucket],
-                 device) -> None:
+def send_buckets(group: WeightGroup, state_dict: dict[str, torch.Tensor], plan: list[Bucket], device) -> None:
     for b in plan:
         if len(b.slots) == 1:  # alone in its bucket: send the tensor itself, no packing copy
             flat = state_dict[b.slots[0].name].detach().to(device).contiguous().view(-1)
         else:
             flat = torch.empty(b.numel, dtype=b.dtype, device=device)
             for s in b.slots:
-                flat[s.offset:s.offset + s.numel].copy_(state_dict[s.name].detach().reshape(-1))
+                flat[s.offset : s.offset + s.numel].copy_(state_dict[s.name].detach().reshape(-1))
         _broadcast(group, flat)
 
 
-def broadcast_state_dict(group: WeightGroup, state_dict: dict[str, torch.Tensor], version: int,
-                         bucket_bytes: int, device=None, meta: Meta | None = None) -> dict[str, float]:
+def broadcast_state_dict(
+    group: WeightGroup,
+    state_dict: dict[str, torch.Tensor],
+    version: int,
+    bucket_bytes: int,
+    device=None,
+    meta: Meta | None = None,
+) -> dict[str, float]:
     """Group rank 0: send ``state_dict`` (bucket by bucket, then the trailer); returns stats.
     ``meta``: what the receivers were given; a state dict that differs is refused unsent."""
     device = group.device if device is None else device
@@ -170,8 +183,9 @@ def broadcast_state_dict(group: WeightGroup, state_dict: dict[str, torch.Tensor]
     own = meta_of(state_dict)
     if meta is not None and own != list(meta):
         diff = [m for m in own if m not in meta] + [m for m in meta if m not in own]
-        raise WeightSyncError(f"weights v{version}: the state dict no longer matches the receivers' "
-                              f"meta (e.g. {diff[:3]}); not sending")
+        raise WeightSyncError(
+            f"weights v{version}: the state dict no longer matches the receivers' meta (e.g. {diff[:3]}); not sending"
+        )
     plan = plan_buckets(own, bucket_bytes)
     try:
         send_buckets(group, state_dict, plan, device)
@@ -180,12 +194,17 @@ def broadcast_state_dict(group: WeightGroup, state_dict: dict[str, torch.Tensor]
         raise WeightSyncError(f"weights v{version}: broadcast failed: {e}") from e
     seconds = time.perf_counter() - t0
     nbytes = sum(b.nbytes for b in plan)
-    return {"seconds": seconds, "bytes": float(nbytes), "buckets": float(len(plan)),
-            "gbps": nbytes / max(seconds, 1e-9) / 1e9}
+    return {
+        "seconds": seconds,
+        "bytes": float(nbytes),
+        "buckets": float(len(plan)),
+        "gbps": nbytes / max(seconds, 1e-9) / 1e9,
+    }
 
 
-def receive_state_dict(group: WeightGroup, meta: Meta, version: int, bucket_bytes: int,
-                       device=None) -> dict[str, torch.Tensor]:
+def receive_state_dict(
+    group: WeightGroup, meta: Meta, version: int, bucket_bytes: int, device=None
+) -> dict[str, torch.Tensor]:
     """Group ranks > 0: receive one sync and return it as a fresh state dict, or raise
     ``WeightSyncError`` if the trailer disagrees with what arrived (version, counts, checksum)."""
     device = group.device if device is None else device
@@ -197,7 +216,7 @@ def receive_state_dict(group: WeightGroup, meta: Meta, version: int, bucket_byte
             flat = torch.empty(b.numel, dtype=b.dtype, device=device)
             _broadcast(group, flat)
             for s in b.slots:
-                sd[s.name] = flat[s.offset:s.offset + s.numel].view(s.shape)
+                sd[s.name] = flat[s.offset : s.offset + s.numel].view(s.shape)
         # Reorder as meta (the plan groups by dtype) so the dict matches the learner's. Our
         # checksum is computed before the trailer arrives: meanwhile the sender computes its own.
         sd = {name: sd[name] for name, _, _ in meta}
@@ -211,8 +230,10 @@ def receive_state_dict(group: WeightGroup, meta: Meta, version: int, bucket_byte
         raise WeightSyncError(f"weights v{version}: the sender sent v{int(got_version)}")
     got_params = sum(t.numel() for t in sd.values())
     if len(sd) != int(n_tensors) or got_params != int(n_params):
-        raise WeightSyncError(f"weights v{version}: got {len(sd)} tensors ({got_params} params), "
-                              f"expected {int(n_tensors)} ({int(n_params)} params)")
+        raise WeightSyncError(
+            f"weights v{version}: got {len(sd)} tensors ({got_params} params), "
+            f"expected {int(n_tensors)} ({int(n_params)} params)"
+        )
     if not checksum_matches(got, checksum):
         raise WeightSyncError(f"weights v{version}: checksum {got} != {checksum}")
     return sd
@@ -222,12 +243,19 @@ class WeightReceiver:
     """A consumer's membership of the weight group (rollout worker, scorer): join once, then
     ``receive(version)`` per sync. Raises WeightSyncError on a partial or corrupt sync."""
 
-    def __init__(self, host: str, port: int, rank: int, world_size: int, backend: str, meta: Meta,
-                 bucket_bytes: int, timeout_s: float | None = None):
-        self.group = init_group(host, port, rank, world_size, backend,
-                                timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        backend: str,
+        meta: Meta,
+        bucket_bytes: int,
+        timeout_s: float | None = None,
+    ):
+        self.group = init_group(host, port, rank, world_size, backend, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
         self.meta, self.bucket_bytes = meta, bucket_bytes
 
     def receive(self, version: int) -> dict[str, torch.Tensor]:
         return receive_state_dict(self.group, self.meta, version, self.bucket_bytes)
-

@@ -15,6 +15,7 @@ Ray: it creates the placement group, waits for it, and hands back each actor's `
   GPU, so that no two pairs ever land on the same GPU (NCCL refuses two ranks of one group on one
   device). With ``pack`` the group is STRICT_PACK (all pairs on one node, or a clear failure).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -53,8 +54,11 @@ class PlacementPlan:
 
     def describe(self) -> str:
         parts = []
-        for name, actors in (("learner", self.learners), ("rollout", self.rollouts),
-                             ("scorer", [self.scorer] if self.scorer else [])):
+        for name, actors in (
+            ("learner", self.learners),
+            ("rollout", self.rollouts),
+            ("scorer", [self.scorer] if self.scorer else []),
+        ):
             if actors:
                 a = actors[0]
                 parts.append(f"{len(actors)} {name} x {{CPU: {a.num_cpus:g}, GPU: {a.num_gpus:g}}}")
@@ -72,8 +76,7 @@ def _fmt_bundles(bundles: list[dict[str, float]]) -> str:
             runs[-1][1] += 1
         else:
             runs.append([b, 1])
-    items = ["{" + ", ".join(f"{k}: {v:g}" for k, v in b.items()) + "}" + (f" x {n}" if n > 1 else "")
-             for b, n in runs]
+    items = ["{" + ", ".join(f"{k}: {v:g}" for k, v in b.items()) + "}" + (f" x {n}" if n > 1 else "") for b, n in runs]
     return "[" + ", ".join(items) + "]"
 
 
@@ -94,20 +97,27 @@ def plan_placement(cfg: PrivyConfig, *, with_scorer: bool) -> PlacementPlan:
             strategy=None,
             learners=[ActorPlacement(lc, lg, None) for _ in range(m)],
             rollouts=[ActorPlacement(rc, rg, None) for _ in range(n)],
-            scorer=ActorPlacement(0.0, cfg.scorer.num_gpus, None) if with_scorer else None)
+            scorer=ActorPlacement(0.0, cfg.scorer.num_gpus, None) if with_scorer else None,
+        )
 
     bundles: list[dict[str, float]] = []
     if c.colocate:
         if m != n:
-            raise ConfigError(f"cluster.colocate=true pairs learner rank i with rollout engine i: set "
-                              f"learner.num_learners = rollout.num_workers (got {m} and {n})")
+            raise ConfigError(
+                f"cluster.colocate=true pairs learner rank i with rollout engine i: set "
+                f"learner.num_learners = rollout.num_workers (got {m} and {n})"
+            )
         if lg + rg > 1 + EPS:
-            raise ConfigError(f"cluster.colocate=true: a learner rank and a rollout engine share one GPU, "
-                              f"but learner.num_gpus + rollout.num_gpus = {lg:g} + {rg:g} > 1: set "
-                              "e.g. learner.num_gpus=0.5 rollout.num_gpus=0.5, or cluster.colocate=false")
+            raise ConfigError(
+                f"cluster.colocate=true: a learner rank and a rollout engine share one GPU, "
+                f"but learner.num_gpus + rollout.num_gpus = {lg:g} + {rg:g} > 1: set "
+                "e.g. learner.num_gpus=0.5 rollout.num_gpus=0.5, or cluster.colocate=false"
+            )
         if tp > 1:
-            raise ConfigError(f"cluster.colocate=true: a colocated engine has one GPU, but "
-                              f"rollout.vllm.tensor_parallel_size={tp}: set it to 1, or cluster.colocate=false")
+            raise ConfigError(
+                f"cluster.colocate=true: a colocated engine has one GPU, but "
+                f"rollout.vllm.tensor_parallel_size={tp}: set it to 1, or cluster.colocate=false"
+            )
         # The pair's bundle reserves a whole GPU whatever the fractions: two bundles of 0.5 could
         # otherwise share one GPU, putting two learner ranks of one NCCL group on one device.
         pair = _bundle(lc + rc, 1.0 if lg + rg > EPS else 0.0)
@@ -133,14 +143,15 @@ def plan_placement(cfg: PrivyConfig, *, with_scorer: bool) -> PlacementPlan:
         strategy = "SPREAD"
     else:
         strategy = "STRICT_PACK" if c.colocate else "PACK"
-    return PlacementPlan(strategy=strategy, bundles=bundles, learners=learners, rollouts=rollouts,
-                         scorer=scorer)
+    return PlacementPlan(strategy=strategy, bundles=bundles, learners=learners, rollouts=rollouts, scorer=scorer)
 
 
 def _require_nonempty(bundle: dict[str, float], what: str, key: str) -> None:
     if not bundle:
-        raise ConfigError(f"cluster.placement: {what} asks for no CPU and no GPU, and Ray refuses an "
-                          f"empty bundle: give it a fraction of a CPU ({key}=0.5) or cluster.placement=none")
+        raise ConfigError(
+            f"cluster.placement: {what} asks for no CPU and no GPU, and Ray refuses an "
+            f"empty bundle: give it a fraction of a CPU ({key}=0.5) or cluster.placement=none"
+        )
 
 
 def _check_gpu_requests(cfg: PrivyConfig) -> None:
@@ -148,32 +159,41 @@ def _check_gpu_requests(cfg: PrivyConfig) -> None:
     lr, ro, c = cfg.learner, cfg.rollout, cfg.cluster
     lg, rg, tp = lr.num_gpus, ro.num_gpus, ro.vllm.tensor_parallel_size
     if lg > 1 + EPS:
-        raise ConfigError(f"learner.num_gpus={lg:g}: a learner rank drives one GPU; for more GPUs raise "
-                          "learner.num_learners (one rank per GPU) and set learner.num_gpus=1")
+        raise ConfigError(
+            f"learner.num_gpus={lg:g}: a learner rank drives one GPU; for more GPUs raise "
+            "learner.num_learners (one rank per GPU) and set learner.num_gpus=1"
+        )
     if lr.num_learners > 1 and EPS < lg < 1 - EPS and not c.colocate:
-        raise ConfigError(f"learner.num_gpus={lg:g} with learner.num_learners={lr.num_learners}: Ray may "
-                          "put two ranks on one GPU, which NCCL refuses (Duplicate GPU detected): set "
-                          "learner.num_gpus=1, or cluster.colocate=true to share each GPU with a rollout engine")
+        raise ConfigError(
+            f"learner.num_gpus={lg:g} with learner.num_learners={lr.num_learners}: Ray may "
+            "put two ranks on one GPU, which NCCL refuses (Duplicate GPU detected): set "
+            "learner.num_gpus=1, or cluster.colocate=true to share each GPU with a rollout engine"
+        )
     if ro.engine == "vllm" and rg > EPS:
         if rg < 1 - EPS and tp > 1:
-            raise ConfigError(f"rollout.vllm.tensor_parallel_size={tp} needs {tp} whole GPUs per engine: "
-                              f"set rollout.num_gpus={tp} (got {rg:g})")
+            raise ConfigError(
+                f"rollout.vllm.tensor_parallel_size={tp} needs {tp} whole GPUs per engine: "
+                f"set rollout.num_gpus={tp} (got {rg:g})"
+            )
         if rg >= 1 - EPS and abs(rg - tp) > EPS:
-            raise ConfigError(f"rollout.num_gpus={rg:g} but rollout.vllm.tensor_parallel_size={tp}: vLLM "
-                              f"uses the GPUs Ray gives the engine, one per tensor-parallel rank; set "
-                              f"rollout.num_gpus={tp}")
+            raise ConfigError(
+                f"rollout.num_gpus={rg:g} but rollout.vllm.tensor_parallel_size={tp}: vLLM "
+                f"uses the GPUs Ray gives the engine, one per tensor-parallel rank; set "
+                f"rollout.num_gpus={tp}"
+            )
 
 
 def check_gpus(plan: PlacementPlan, have: float, where: str) -> None:
     """Raise PlacementError when the plan asks for more GPUs than ``where`` has in total."""
     need = plan.gpus
     if need > have + EPS:
-        hint = ("set learner.num_gpus=0 rollout.num_gpus=0 scorer.num_gpus=0 to run on CPUs, "
-                "or join a GPU cluster (cluster=existing or a conf/cluster/gpu_* config)"
-                if have <= EPS else "lower learner.num_learners / rollout.num_workers or their num_gpus, "
-                "or add nodes")
-        raise PlacementError(f"the run asks for {need:g} GPUs ({plan.describe()}) but {where} has "
-                             f"{have:g}: {hint}")
+        hint = (
+            "set learner.num_gpus=0 rollout.num_gpus=0 scorer.num_gpus=0 to run on CPUs, "
+            "or join a GPU cluster (cluster=existing or a conf/cluster/gpu_* config)"
+            if have <= EPS
+            else "lower learner.num_learners / rollout.num_workers or their num_gpus, or add nodes"
+        )
+        raise PlacementError(f"the run asks for {need:g} GPUs ({plan.describe()}) but {where} has {have:g}: {hint}")
 
 
 def cluster_gpus(cfg: PrivyConfig) -> tuple[float, str] | None:
@@ -216,7 +236,8 @@ class Placement:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=a.bundle)
+                placement_group=self.pg, placement_group_bundle_index=a.bundle
+            )
         return opts
 
     def learner(self, rank: int) -> dict:
@@ -234,7 +255,7 @@ class Placement:
 
             try:
                 remove_placement_group(self.pg)
-            except Exception:  # noqa: BLE001 - already gone with its job
+            except Exception:  # already gone with its job
                 pass
             self.pg = None
 
@@ -252,14 +273,16 @@ def reserve(plan: PlacementPlan, timeout_s: float) -> Placement:
         total, free = ray.cluster_resources(), ray.available_resources()
         remove_placement_group(pg)
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-        per_node = ", ".join("{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(r.items())
-                                              if k in ("CPU", "GPU")) + "}" for r in nodes)
+        per_node = ", ".join(
+            "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(r.items()) if k in ("CPU", "GPU")) + "}" for r in nodes
+        )
         raise PlacementError(
             f"the placement group could not be placed within {timeout_s:g} s: asked {plan.describe()}; "
             f"the cluster has {_fmt_res(total)} (free now {_fmt_res(free)}; per node {per_node}). "
             "Lower the actors' num_cpus / num_gpus or their counts, use cluster.placement=spread "
             "(or pack without colocate) when no single node fits, wait for other jobs to finish, or "
-            "raise cluster.placement_timeout_s")
+            "raise cluster.placement_timeout_s"
+        )
     return Placement(plan, pg)
 
 
@@ -267,5 +290,14 @@ def _fmt_res(res: dict) -> str:
     return "{" + ", ".join(f"{k}: {res[k]:g}" for k in ("CPU", "GPU") if k in res) + "}"
 
 
-__all__ = ["ActorPlacement", "Placement", "PlacementError", "PlacementPlan", "check_gpus",
-           "check_launch_gpus", "cluster_gpus", "plan_placement", "reserve"]
+__all__ = [
+    "ActorPlacement",
+    "Placement",
+    "PlacementError",
+    "PlacementPlan",
+    "check_gpus",
+    "check_launch_gpus",
+    "cluster_gpus",
+    "plan_placement",
+    "reserve",
+]

@@ -7,6 +7,7 @@ port 0, keeps it, and hands out the port the OS gave it; members join that port.
 bound to one address (127.0.0.1 for a run on one machine, the node's IP on a cluster), never to
 every interface, which is what the store would do on its own.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -29,8 +30,15 @@ def host_store(timeout_s: float, port: int = 0, host: str = "127.0.0.1") -> dist
         raise
     fd = sock.detach()  # the store's server owns the listening socket from here on
     try:
-        return dist.TCPStore(host, port, None, is_master=True, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=fd)
+        return dist.TCPStore(
+            host,
+            port,
+            None,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            master_listen_fd=fd,
+        )
     except BaseException:
         os.close(fd)
         raise
@@ -38,5 +46,4 @@ def host_store(timeout_s: float, port: int = 0, host: str = "127.0.0.1") -> dist
 
 def join_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
     """A member's connection (retries until the host is up or ``timeout_s`` passes)."""
-    return dist.TCPStore(host, port, None, is_master=False,
-                         timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.TCPStore(host, port, None, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))

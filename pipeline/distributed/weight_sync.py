@@ -7,6 +7,7 @@ the weights version, the tensor count, the parameter count and a checksum; the r
 them before it swaps anything in, so a partial or corrupted sync is detected and refused, never
 silently trained or sampled on.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -37,9 +38,14 @@ class WeightPacket:
     # stream and out again (0.32 s + 0.20 s of a 1.1 s sync for SmolLM2-135M in bf16).
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if k != "state_dict"}
-        state["tensors"] = {k: (str(t.dtype).removeprefix("torch."), tuple(t.shape),
-                                t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-                            for k, t in self.state_dict.items()}
+        state["tensors"] = {
+            k: (
+                str(t.dtype).removeprefix("torch."),
+                tuple(t.shape),
+                t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy(),
+            )
+            for k, t in self.state_dict.items()
+        }
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -47,8 +53,10 @@ class WeightPacket:
         self.__dict__.update(state)
         with warnings.catch_warnings():  # the shared-memory buffer is read-only; readers only copy from it
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            self.state_dict = {k: torch.from_numpy(raw).view(getattr(torch, dtype)).reshape(shape)
-                               for k, (dtype, shape, raw) in tensors.items()}
+            self.state_dict = {
+                k: torch.from_numpy(raw).view(getattr(torch, dtype)).reshape(shape)
+                for k, (dtype, shape, raw) in tensors.items()
+            }
 
 
 def _checksum(sd: dict[str, torch.Tensor]) -> float:
@@ -61,22 +69,28 @@ def checksum_matches(got: float, expected: float) -> bool:
 
 
 def pack(state_dict: dict[str, torch.Tensor], version: int) -> WeightPacket:
-    return WeightPacket(version=version, state_dict=state_dict, n_tensors=len(state_dict),
-                        n_params=sum(t.numel() for t in state_dict.values()),
-                        checksum=_checksum(state_dict))
+    return WeightPacket(
+        version=version,
+        state_dict=state_dict,
+        n_tensors=len(state_dict),
+        n_params=sum(t.numel() for t in state_dict.values()),
+        checksum=_checksum(state_dict),
+    )
 
 
 def verify(packet: WeightPacket, expected_keys: set[str] | None = None) -> None:
     """Raise WeightSyncError unless the packet is complete and intact."""
     sd = packet.state_dict
     if len(sd) != packet.n_tensors or sum(t.numel() for t in sd.values()) != packet.n_params:
-        raise WeightSyncError(f"weights v{packet.version}: got {len(sd)} tensors, "
-                              f"expected {packet.n_tensors} ({packet.n_params} params)")
+        raise WeightSyncError(
+            f"weights v{packet.version}: got {len(sd)} tensors, expected {packet.n_tensors} ({packet.n_params} params)"
+        )
     if expected_keys is not None:
         missing = expected_keys - set(sd)
         if missing:
-            raise WeightSyncError(f"weights v{packet.version}: {len(missing)} tensors missing, "
-                                  f"e.g. {sorted(missing)[:3]}")
+            raise WeightSyncError(
+                f"weights v{packet.version}: {len(missing)} tensors missing, e.g. {sorted(missing)[:3]}"
+            )
     got = _checksum(sd)
     if not checksum_matches(got, packet.checksum):
         raise WeightSyncError(f"weights v{packet.version}: checksum {got} != {packet.checksum}")

@@ -6,6 +6,7 @@ prefix of its metrics (``prefix:``, default its name). ``build_method`` composes
 ``Method``; a method dict that carries its own ``parts`` needs no preset file (the first phase
 of a two-phase method is built that way). Adding a combination is adding a YAML.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -10,6 +10,7 @@
 The learner and the controller never see which parts a method has: the learner executes the
 Credit's terms, the controller asks ``teacher_active`` / ``student_view`` and forwards the hooks.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,11 +75,14 @@ class CreditJob:
         for i, (e, row) in enumerate(self.pairs):
             lpt = row.teacher_logprobs
             if lpt is not None and len(lpt) != row.n_response:
-                raise ValueError(f"method={name}: row {i} has {len(lpt)} teacher log-probs for {row.n_response} "
-                                 "response tokens")
+                raise ValueError(
+                    f"method={name}: row {i} has {len(lpt)} teacher log-probs for {row.n_response} response tokens"
+                )
             if lpt is None and not select.masks:
-                raise ValueError(f"method={name}: row {i} (turn {row.turn_index}) has no teacher log-probs; the "
-                                 "teacher scorer must score every row while the teacher is active")
+                raise ValueError(
+                    f"method={name}: row {i} (turn {row.turn_index}) has no teacher log-probs; the "
+                    "teacher scorer must score every row while the teacher is active"
+                )
             teacher.append([float(x) for x in lpt] if lpt is not None else [0.0] * row.n_response)
             masks.append(select.token_mask(e, row) if lpt is not None else [0.0] * row.n_response)
         return teacher, (masks if select.masks else None)
@@ -88,8 +92,10 @@ class CreditJob:
         prompt elsewhere."""
         prompts = self.method.prompts
         if prompts is None:
-            raise RuntimeError(f"method={self.method.name} runs the teacher in the learner: the driver must "
-                               "attach() its TeacherPrompts (feedback_ids / skills_ids / plain_ids)")
+            raise RuntimeError(
+                f"method={self.method.name} runs the teacher in the learner: the driver must "
+                "attach() its TeacherPrompts (feedback_ids / skills_ids / plain_ids)"
+            )
         select, provider = self.method.parts["select"], self.method.provider
         out = []
         for e, row in self.pairs:
@@ -139,9 +145,11 @@ class Method:
     def _ready(self) -> None:
         t = self.teacher
         if t.kind == "frozen" and t.path is None:
-            raise RuntimeError(f"method={self.name} has no teacher: set method.teacher_path=<phase-1 HF dir> (with "
-                               "method.teacher_success_rate or its teacher.json), or launch with the two-phase "
-                               "command, which trains the teacher first")
+            raise RuntimeError(
+                f"method={self.name} has no teacher: set method.teacher_path=<phase-1 HF dir> (with "
+                "method.teacher_success_rate or its teacher.json), or launch with the two-phase "
+                "command, which trains the teacher first"
+            )
 
     def _signal_on(self, step: int) -> bool:
         return self.signal.kind != "none" and self.signal.coef() > 0.0 and self.schedule.scale(step) > 0.0
@@ -152,8 +160,13 @@ class Method:
         if t.kind == "none" or getattr(self.signal, "learner_side", False):
             return None
         select = self.parts["select"]
-        return TeacherSpec(source=t.source, provider=self.provider, selects=select.selected, rows=select.kind,
-                           frozen_path=getattr(t, "path", None))
+        return TeacherSpec(
+            source=t.source,
+            provider=self.provider,
+            selects=select.selected,
+            rows=select.kind,
+            frozen_path=getattr(t, "path", None),
+        )
 
     def teacher_active(self, step: int) -> bool:
         """Whether the scorer must run this step (False outside the schedule, once retired)."""
@@ -199,12 +212,17 @@ class Method:
         t = self.teacher
         if t.kind != "frozen" or t.path is not None:
             return None
-        kinds = {"reward": self.parts["reward"].kind, "advantage": self.parts["advantage"].kind,
-                 "context": self.parts["context"].kind, "student": "context"}
+        kinds = {
+            "reward": self.parts["reward"].kind,
+            "advantage": self.parts["advantage"].kind,
+            "context": self.parts["context"].kind,
+            "student": "context",
+        }
         options = {}
         for slot in ("reward", "advantage", "context"):
-            options.update(dataclasses.asdict(self.parts[slot].opts) if dataclasses.is_dataclass(self.parts[slot].opts)
-                           else {})
+            options.update(
+                dataclasses.asdict(self.parts[slot].opts) if dataclasses.is_dataclass(self.parts[slot].opts) else {}
+            )
         name = "skill_grpo" if kinds["context"] == "skills" else f"{self.name}_phase1"
         return {"name": name, "parts": kinds, **options}
 
@@ -238,10 +256,18 @@ class Method:
         rows = [dataclasses.replace(r, episode_reward=rw) for r, rw in zip(rows_from_groups(groups), rewards)]
         base = self.parts["advantage"].advantages(rows)
         a = base.advantages
-        credit = Credit(advantages=broadcast(groups, a.tolist()), entropy_coef=self.schedule.entropy_coef(step),
-                        metrics={"adv/mean": float(a.mean()), "adv/abs_mean": float(a.abs().mean()),
-                                 "adv/zero_frac": float((a == 0).float().mean()), **base.metrics,
-                                 **reward.metrics(groups), **self.schedule.metrics(step)})
+        credit = Credit(
+            advantages=broadcast(groups, a.tolist()),
+            entropy_coef=self.schedule.entropy_coef(step),
+            metrics={
+                "adv/mean": float(a.mean()),
+                "adv/abs_mean": float(a.abs().mean()),
+                "adv/zero_frac": float((a == 0).float().mean()),
+                **base.metrics,
+                **reward.metrics(groups),
+                **self.schedule.metrics(step),
+            },
+        )
         if (pmask := policy_mask(groups)) is not None:
             credit.aux["policy_mask"] = pmask
         if self.parts["select"].masks:
@@ -252,8 +278,16 @@ class Method:
         if on:
             self._ready()
             self.schedule.check(step)
-        self.signal.apply(CreditJob(method=self, groups=groups, rows=rows, base=base,
-                                    scale=self.schedule.scale(step) if on else 0.0, credit=credit))
+        self.signal.apply(
+            CreditJob(
+                method=self,
+                groups=groups,
+                rows=rows,
+                base=base,
+                scale=self.schedule.scale(step) if on else 0.0,
+                credit=credit,
+            )
+        )
         return credit
 
     def _selection_metrics(self, groups: list[EpisodeGroup]) -> dict[str, float]:
@@ -261,8 +295,10 @@ class Method:
         pairs = [(e, t) for g in groups for e in g.episodes for t in e.turns]
         masks = [select.token_mask(e, t) for e, t in pairs]
         n_tokens = sum(t.n_response for _, t in pairs)
-        return {f"{prefix}/failed_turn_fraction": sum(select.selected(e, t) for e, t in pairs) / max(len(pairs), 1),
-                f"{prefix}/failed_token_fraction": sum(sum(m) for m in masks) / max(n_tokens, 1)}
+        return {
+            f"{prefix}/failed_turn_fraction": sum(select.selected(e, t) for e, t in pairs) / max(len(pairs), 1),
+            f"{prefix}/failed_token_fraction": sum(sum(m) for m in masks) / max(n_tokens, 1),
+        }
 
     # ----- controller hooks ------------------------------------------------------------------------
     def observe(self, groups: list[EpisodeGroup]) -> None:
@@ -273,7 +309,9 @@ class Method:
     def after_train_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         return self.schedule.after_train_step(step, metrics)
 
-    def on_validation(self, step: int, success_rate: float, privileged_success: float | None = None) -> dict[str, float]:
+    def on_validation(
+        self, step: int, success_rate: float, privileged_success: float | None = None
+    ) -> dict[str, float]:
         sr_t = getattr(self.teacher, "success_rate", None)
         return self.schedule.on_validation(step, success_rate, sr_t if sr_t is not None else privileged_success)
 
@@ -296,8 +334,11 @@ class Method:
 
     def state_dict(self) -> dict:
         teacher = self.teacher.state_dict() if hasattr(self.teacher, "state_dict") else {}
-        return {**teacher, "schedule": self.schedule.state_dict(),
-                "context": self.provider.state_dict() if self.provider is not None else {}}
+        return {
+            **teacher,
+            "schedule": self.schedule.state_dict(),
+            "context": self.provider.state_dict() if self.provider is not None else {},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if hasattr(self.teacher, "load_state_dict"):

@@ -6,6 +6,7 @@ qualified by the part's slot (``method.advantage.gamma=0.9``); a bare one is ref
 A preset may pin options (``fixed:``); overriding a pinned option is refused, saying what it is
 pinned to.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,12 +44,16 @@ def check_types(opts, method: str) -> None:
     for f in dataclasses.fields(opts):
         value = getattr(opts, f.name)
         if not _accepts(hints[f.name], value):
-            raise ValueError(f"method={method}: method.{f.name}={value!r} should be of type "
-                             f"{hints[f.name]}".replace("typing.", "").replace("<class '", "").replace("'>", ""))
+            raise ValueError(
+                f"method={method}: method.{f.name}={value!r} should be of type {hints[f.name]}".replace("typing.", "")
+                .replace("<class '", "")
+                .replace("'>", "")
+            )
 
 
-def split_options(method: str, raw: dict[str, Any], owners: dict[str, type], fixed: dict[str, Any]
-                  ) -> dict[str, dict[str, Any]]:
+def split_options(
+    method: str, raw: dict[str, Any], owners: dict[str, type], fixed: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
     """``raw`` option keys -> {slot: {field: value}} for the slots in ``owners`` (slot -> Options)."""
     fields = {slot: {f.name for f in dataclasses.fields(cls)} for slot, cls in owners.items()}
     out: dict[str, dict[str, Any]] = {slot: {} for slot in owners}
@@ -57,24 +62,29 @@ def split_options(method: str, raw: dict[str, Any], owners: dict[str, type], fix
 
     def place(slot: str, key: str, value: Any) -> None:
         if key in pinned:
-            raise ValueError(f"method={method} has no option(s) [{key!r}] ({method} fixes {key}={fixed[key]!r}; "
-                             "use a method whose parts leave it free)")
+            raise ValueError(
+                f"method={method} has no option(s) [{key!r}] ({method} fixes {key}={fixed[key]!r}; "
+                "use a method whose parts leave it free)"
+            )
         out[slot][key] = value
 
     for key, value in {**fixed, **raw}.items():
         if key in owners and isinstance(value, dict):  # qualified: method.<slot>.<key>
             for k, v in value.items():
                 if k not in fields[key]:
-                    raise ValueError(f"method={method}: the {key} part has no option {k!r}; "
-                                     f"its options are {sorted(fields[key])}")
+                    raise ValueError(
+                        f"method={method}: the {key} part has no option {k!r}; its options are {sorted(fields[key])}"
+                    )
                 place(key, k, v)
             continue
         slots = [s for s, names in fields.items() if key in names]
         if not slots:
             unknown.append(key)
         elif len(slots) > 1:
-            raise ValueError(f"method={method}: method.{key} is an option of the {' and the '.join(slots)} parts; "
-                             f"name one: method.{slots[0]}.{key}=...")
+            raise ValueError(
+                f"method={method}: method.{key} is an option of the {' and the '.join(slots)} parts; "
+                f"name one: method.{slots[0]}.{key}=..."
+            )
         elif key in fixed and raw.get(key, fixed[key]) != fixed[key]:
             place(slots[0], key, raw[key])  # raises: pinned
         else:

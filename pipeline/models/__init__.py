@@ -15,6 +15,7 @@ Cache layout (root = ``cache_dir`` argument, else ``$PRIVY_CACHE``, else ``~/.ca
 
 CLI: ``python -m pipeline.models prepare [smollm2_135m|gemma3_270m|tiny|tiny_bytes|all]``.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,13 @@ from typing import TYPE_CHECKING
 
 from pipeline.models.cache import CACHE_ENV, cache_root
 from pipeline.models.gemma3 import GEMMA3_N_PARAMS, ensure_gemma3
-from pipeline.models.smollm2 import (SMOLLM2_DIRNAME, SMOLLM2_N_PARAMS, SMOLLM2_PACKAGE, SMOLLM2_SOURCE_ENV,
-                                     ensure_smollm2)
+from pipeline.models.smollm2 import (
+    SMOLLM2_DIRNAME,
+    SMOLLM2_N_PARAMS,
+    SMOLLM2_PACKAGE,
+    SMOLLM2_SOURCE_ENV,
+    ensure_smollm2,
+)
 from pipeline.models.tiny import TINY_VOCABS, build_tiny_model, tiny_model_dir
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,7 +112,22 @@ def has_chat_template(tokenizer) -> bool:
 
 
 __all__ = [
-    "CACHE_ENV", "GEMMA3_N_PARAMS", "MODEL_NAMES", "SMOLLM2_DIRNAME", "SMOLLM2_N_PARAMS", "SMOLLM2_PACKAGE",
-    "SMOLLM2_SOURCE_ENV", "TINY_VOCABS", "as_torch_dtype", "build_tiny_model", "cache_root", "ensure_gemma3",
-    "ensure_smollm2", "has_chat_template", "load_model", "load_tokenizer", "resolve_model", "tiny_model_dir",
+    "CACHE_ENV",
+    "GEMMA3_N_PARAMS",
+    "MODEL_NAMES",
+    "SMOLLM2_DIRNAME",
+    "SMOLLM2_N_PARAMS",
+    "SMOLLM2_PACKAGE",
+    "SMOLLM2_SOURCE_ENV",
+    "TINY_VOCABS",
+    "as_torch_dtype",
+    "build_tiny_model",
+    "cache_root",
+    "ensure_gemma3",
+    "ensure_smollm2",
+    "has_chat_template",
+    "load_model",
+    "load_tokenizer",
+    "resolve_model",
+    "tiny_model_dir",
 ]

@@ -1,4 +1,5 @@
 """``python -m pipeline.models prepare [name|all]``: build named models into the cache (idempotent)."""
+
 from __future__ import annotations
 
 import argparse

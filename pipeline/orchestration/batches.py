@@ -4,6 +4,7 @@ Rows are the turn records of the groups in order (group, episode, turn). Each ro
 ``prompt_ids + response_ids``, right-padded; per-token values sit at the positions of the response
 tokens they describe (see ``TrainBatch``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,12 +30,13 @@ def _place(rows_prompt_len: list[int], values: list[list[float]], width: int) ->
     """Per-response-token values -> [B, width] at the response positions."""
     out = torch.zeros(len(values), width, dtype=torch.float32)
     for i, (p, v) in enumerate(zip(rows_prompt_len, values)):
-        out[i, p: p + len(v)] = torch.tensor(v, dtype=torch.float32)
+        out[i, p : p + len(v)] = torch.tensor(v, dtype=torch.float32)
     return out
 
 
-def build_train_batch(rows: list[TurnRecord], credit: Credit, *, pad_id: int,
-                      default_entropy_coef: float) -> TrainBatch:
+def build_train_batch(
+    rows: list[TurnRecord], credit: Credit, *, pad_id: int, default_entropy_coef: float
+) -> TrainBatch:
     if len(rows) != len(credit.advantages):
         raise ValueError(f"credit has {len(credit.advantages)} rows for {len(rows)} turn records")
     for i, (r, a) in enumerate(zip(rows, credit.advantages)):
@@ -47,7 +49,9 @@ def build_train_batch(rows: list[TurnRecord], credit: Credit, *, pad_id: int,
     plen = [len(r.prompt_ids) for r in rows]
     response_mask = _place(plen, [[1.0] * r.n_response for r in rows], width)
     batch = TrainBatch(
-        input_ids=input_ids, attention_mask=attention, response_mask=response_mask,
+        input_ids=input_ids,
+        attention_mask=attention,
+        response_mask=response_mask,
         behaviour_logprobs=_place(plen, [r.behaviour_logprobs for r in rows], width),
         advantages=_place(plen, credit.advantages, width),
         aux={k: _place(plen, v, width) for k, v in credit.aux.items()},
@@ -61,8 +65,9 @@ def build_train_batch(rows: list[TurnRecord], credit: Credit, *, pad_id: int,
         batch.teacher_input_ids = _pad(tseqs, pad_id, torch.long)
         batch.teacher_attention_mask = _pad([[1] * len(s) for s in tseqs], 0, torch.long)
         tplen = [len(p) for p in credit.teacher_prompt_ids]
-        batch.teacher_response_mask = _place(tplen, [[1.0] * r.n_response for r in rows],
-                                             batch.teacher_input_ids.shape[1])
+        batch.teacher_response_mask = _place(
+            tplen, [[1.0] * r.n_response for r in rows], batch.teacher_input_ids.shape[1]
+        )
     return batch
 
 

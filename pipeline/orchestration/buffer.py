@@ -26,6 +26,7 @@ The buffer is a plain class driven from one asyncio loop. It records the lag of 
 group (learner version - the group's oldest turn version) and, for generated vs trained groups,
 the mean success, turns per episode and rollout seconds, so a bias towards fast groups would show.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,8 +64,11 @@ class GroupProfile:
 
     def metrics(self, prefix: str) -> dict[str, float]:
         n = max(self.n, 1)
-        return {f"{prefix}_success": self.success / n, f"{prefix}_turns": self.turns / n,
-                f"{prefix}_seconds": self.seconds / n}
+        return {
+            f"{prefix}_success": self.success / n,
+            f"{prefix}_turns": self.turns / n,
+            f"{prefix}_seconds": self.seconds / n,
+        }
 
 
 @dataclass
@@ -79,8 +83,12 @@ class BufferStats:
 
     def as_metrics(self) -> dict[str, float]:
         total = sum(self.lag_hist.values()) or 1
-        out = {"buffer/admitted": self.admitted, "buffer/completed": self.completed,
-               "buffer/consumed": self.consumed, "buffer/waited_for_due": self.waited_for_due}
+        out = {
+            "buffer/admitted": self.admitted,
+            "buffer/completed": self.completed,
+            "buffer/consumed": self.consumed,
+            "buffer/waited_for_due": self.waited_for_due,
+        }
         for lag, n in sorted(self.lag_hist.items()):
             out[f"lag/frac_{lag}"] = n / total
         out["lag/mean"] = sum(k * v for k, v in self.lag_hist.items()) / total
@@ -118,8 +126,9 @@ class GroupBuffer:
         """Wait until a new group may start; returns its ticket."""
         async with self._cond:
             await self._cond.wait_for(self.may_start)
-            ticket = Ticket(index=self._next_index, version=self.synced_version,
-                            deadline=self.synced_version + self.max_policy_lag)
+            ticket = Ticket(
+                index=self._next_index, version=self.synced_version, deadline=self.synced_version + self.max_policy_lag
+            )
             self._next_index += 1
             self.started += 1
             self._pending[ticket.index] = ticket
@@ -182,8 +191,9 @@ class GroupBuffer:
         async with self._cond:
             waited = False
             while (chosen := self._choose(n, learner_version)) is None:
-                waited = waited or any(t.deadline <= learner_version and t.index not in self._done
-                                       for t in self._pending.values())
+                waited = waited or any(
+                    t.deadline <= learner_version and t.index not in self._done for t in self._pending.values()
+                )
                 await self._cond.wait()
             st = self.stats
             self._before_take = (st.consumed, st.waited_for_due, Counter(st.lag_hist), dataclasses.replace(st.trained))
@@ -224,8 +234,11 @@ class GroupBuffer:
     def state_dict(self) -> dict:
         """Complete, unconsumed groups with their tickets, and the counters. Groups in flight are
         not kept: the controller replays their tasks on resume (new tickets)."""
-        return {"done": [(self._pending[i], g) for i, g in sorted(self._done.items())],
-                "next_index": self._next_index, "stats": self.stats}
+        return {
+            "done": [(self._pending[i], g) for i, g in sorted(self._done.items())],
+            "next_index": self._next_index,
+            "stats": self.stats,
+        }
 
     def load_state_dict(self, state: dict, *, version: int) -> None:
         self._done = {t.index: g for t, g in state["done"]}

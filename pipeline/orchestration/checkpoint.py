@@ -11,6 +11,7 @@ never leaves ``latest`` naming a partial checkpoint:
 * re-saving a step moves the old copy aside before the rename, and ``resolve_checkpoint`` falls back
   to the newest complete ``step_*`` when ``latest`` names one that is missing or incomplete.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +40,7 @@ class Checkpointer:
             "controller": dataclasses.asdict(controller.state),
             "buffer": controller.buffer.state_dict(),
             "method": controller.method.state_dict(),
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                    "torch": torch.get_rng_state()},
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
             **self.extra_state,
         }
         _durable_save(state, tmp / "controller.pt")  # last: its presence marks a complete checkpoint
@@ -98,8 +98,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
             steps = sorted(s for s in cand.glob("step_*") if _complete(s))
             if steps:
                 return steps[-1]
-    raise FileNotFoundError(f"resume={path}: no checkpoint there (expected controller.pt or "
-                            "checkpoints/latest)")
+    raise FileNotFoundError(f"resume={path}: no checkpoint there (expected controller.pt or checkpoints/latest)")
 
 
 def load_state(ckpt: Path) -> dict:

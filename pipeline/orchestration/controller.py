@@ -12,14 +12,15 @@
 Stopping (Ctrl-C, ``request_stop``): the train loop finishes the step it is in (the rollout loops
 keep playing the groups it waits for), checkpoints and returns; a second request aborts at once
 (``run`` raises ``Aborted``). A stop with a deadline (SIGTERM) skips validations and abandons the
-step in progress when it could not be checkpointed in time (``pipeline/orchestration/stopping.py``). The rollout loops end only when the train loop has ended, or by
-raising.
+step in progress when it could not be checkpointed in time (``pipeline/orchestration/stopping.py``).
+The rollout loops end only when the train loop has ended, or by raising.
 
 The controller talks to workers through small handles (``actors.handles``), so the same loops drive
 Ray actors in a run and plain in-process fakes in tests. Time spent waiting on each side is
 measured: the learner idles while the buffer is short of groups, the rollout side while admission
 holds it back.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -75,10 +76,22 @@ class ControllerState:
 
 
 class Controller:
-    def __init__(self, cfg: PrivyConfig, *, learner, workers: list, method, logger, checkpointer=None,
-                 scorer=None, progress=None, state: ControllerState | None = None,
-                 buffer_state: dict | None = None, events: EventLog | None = None,
-                 outcomes: OutcomeLog | None = None):
+    def __init__(
+        self,
+        cfg: PrivyConfig,
+        *,
+        learner,
+        workers: list,
+        method,
+        logger,
+        checkpointer=None,
+        scorer=None,
+        progress=None,
+        state: ControllerState | None = None,
+        buffer_state: dict | None = None,
+        events: EventLog | None = None,
+        outcomes: OutcomeLog | None = None,
+    ):
         self.cfg = cfg
         self.events = events or EventLog(None)
         self.outcomes = outcomes or OutcomeLog(None)
@@ -115,8 +128,9 @@ class Controller:
         self.history: list[dict[str, float]] = []
         # Colocated vLLM engines free their GPU memory while the learner trains (lag 0 only:
         # then no group is in flight during the train step).
-        self._sleep_engines = (cfg.cluster.colocate and cfg.rollout.engine == "vllm"
-                               and cfg.rollout.vllm.enable_sleep_mode)
+        self._sleep_engines = (
+            cfg.cluster.colocate and cfg.rollout.engine == "vllm" and cfg.rollout.vllm.enable_sleep_mode
+        )
 
     @property
     def stopping(self) -> bool:
@@ -136,8 +150,10 @@ class Controller:
     async def run(self) -> list[dict[str, float]]:
         t = self.cfg.trainer
         n_loops = (t.max_policy_lag + 1) * t.groups_per_step if t.total_steps else 0  # 0: evaluate only
-        rollouts = [asyncio.create_task(self._rollout_loop(self.workers[i % len(self.workers)]), name=f"rollout{i}")
-                    for i in range(n_loops)]
+        rollouts = [
+            asyncio.create_task(self._rollout_loop(self.workers[i % len(self.workers)]), name=f"rollout{i}")
+            for i in range(n_loops)
+        ]
         self._trainer = trainer = asyncio.create_task(self._train_loop(), name="train")
         try:
             done, _ = await asyncio.wait([trainer, *rollouts], return_when=asyncio.FIRST_COMPLETED)
@@ -166,16 +182,21 @@ class Controller:
         done, _ = await asyncio.wait([trainer], timeout=limit and 2 * limit + 60)
         if trainer in done and not trainer.cancelled() and trainer.exception() is None and self.state.step:
             root = getattr(self.checkpointer, "root", None)  # RUN/checkpoints
-            error.args = (f"{first_line(error)}; checkpoint at step {self.state.step}: resume with "
-                          f"trainer.resume={root.parent if root is not None else 'RUN_DIR'}",)
+            error.args = (
+                f"{first_line(error)}; checkpoint at step {self.state.step}: resume with "
+                f"trainer.resume={root.parent if root is not None else 'RUN_DIR'}",
+            )
 
     def _say_where_to_resume(self, error: BaseException) -> None:
         """A lost learner took its state with it: the run continues from its last checkpoint."""
         root = getattr(self.checkpointer, "root", None)  # RUN/checkpoints
         if root is None:
             return
-        where = (f"resume from the last checkpoint (step {self._saved_step}): trainer.resume={root.parent}"
-                 if self._saved_step else "no checkpoint was saved yet: start the run again")
+        where = (
+            f"resume from the last checkpoint (step {self._saved_step}): trainer.resume={root.parent}"
+            if self._saved_step
+            else "no checkpoint was saved yet: start the run again"
+        )
         error.args = (f"{first_line(error)}; {where}",)
 
     def _next_task_index(self) -> int:
@@ -194,10 +215,15 @@ class Controller:
             self._playing(+1)
             try:
                 group = await worker.run_group(
-                    task_seed=task_seed(cfg.trainer.seed, idx), split=cfg.env.train_split,
-                    group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature,
-                    sample_seed=cfg.trainer.seed * 7919 + idx, view=self.method.student_view(),
-                    min_version=self._published, **self._demonstrate(ticket.deadline))
+                    task_seed=task_seed(cfg.trainer.seed, idx),
+                    split=cfg.env.train_split,
+                    group_size=cfg.rollout.group_size,
+                    temperature=cfg.rollout.temperature,
+                    sample_seed=cfg.trainer.seed * 7919 + idx,
+                    view=self.method.student_view(),
+                    min_version=self._published,
+                    **self._demonstrate(ticket.deadline),
+                )
                 if not self._drop_env_errors(group, idx):
                     await self.buffer.release_start(ticket)
                     st.in_flight.remove(idx)
@@ -235,16 +261,19 @@ class Controller:
         st = self.state
         st.env_error_episodes += len(errors)
         group.episodes = [e for e in group.episodes if not e.error]
-        self.events.record("env_error", step=st.step, task=idx, episodes=len(errors),
-                           kept=len(group.episodes), error=errors[0][:200])
+        self.events.record(
+            "env_error", step=st.step, task=idx, episodes=len(errors), kept=len(group.episodes), error=errors[0][:200]
+        )
         if group.episodes:
             self._env_error_streak.pop(idx, None)
             return True
         st.env_error_groups += 1
         n = self._env_error_streak[idx] = self._env_error_streak.get(idx, 0) + 1
         if n >= MAX_ENV_ERROR_REPLAYS:
-            raise RuntimeError(f"stopping the run: every episode of training task {idx} ended in an env error, "
-                               f"{n} times in a row; the last: {errors[0][:300]}")
+            raise RuntimeError(
+                f"stopping the run: every episode of training task {idx} ended in an env error, "
+                f"{n} times in a row; the last: {errors[0][:300]}"
+            )
         return False
 
     def _playing(self, delta: int) -> None:
@@ -262,8 +291,9 @@ class Controller:
 
     def _teacher_wanted(self, deadline: int) -> bool:
         """Whether any training step that may use a group due by ``deadline`` wants a teacher."""
-        return self.scorer is not None and any(self.method.teacher_active(s)
-                                               for s in range(self.state.step, deadline + 1))
+        return self.scorer is not None and any(
+            self.method.teacher_active(s) for s in range(self.state.step, deadline + 1)
+        )
 
     @property
     def _collective(self) -> bool:
@@ -300,14 +330,13 @@ class Controller:
 
     def _record_restart(self, died: ActorDied) -> None:
         self.state.restarts += 1
-        self.events.record("restart", step=self.state.step, actor=died.handle.name,
-                           cause=first_line(died.cause)[:300])
+        self.events.record("restart", step=self.state.step, actor=died.handle.name, cause=first_line(died.cause)[:300])
 
     async def _publish(self, version: int) -> dict[str, float]:
         """Publish ``version``; a consumer that dies during a collective broadcast is brought back
         into a new group and the broadcast is repeated (the learner's weights are unchanged by a
         failed one), at most ``cluster.max_restarts`` + 1 times."""
-        for attempt in range(self.cfg.cluster.max_restarts + 1):
+        for attempt in range(self.cfg.cluster.max_restarts + 1):  # noqa: B007 - counted in the error below
             try:
                 return await self.learner.publish(version, self.workers, self.scorer)
             except ActorDied as died:
@@ -316,8 +345,7 @@ class Controller:
                     await self._revive_into_group(died)
                 except RuntimeError as e:  # Ray will not restart it: stop, with a checkpoint
                     raise WeightSyncError(f"weights v{version}: {died}; {first_line(e)}") from e
-        raise WeightSyncError(f"weights v{version}: consumers kept dying during the broadcast "
-                              f"({attempt + 1} attempts)")
+        raise WeightSyncError(f"weights v{version}: consumers kept dying during the broadcast ({attempt + 1} attempts)")
 
     async def _score(self, group: EpisodeGroup) -> EpisodeGroup:
         """Teacher log-probs for the group; if the scorer dies, the same group once it is back."""
@@ -372,7 +400,8 @@ class Controller:
                 raise NonFiniteTraining(
                     f"stopping the run: {self.state.skipped_streak} training steps in a row (up to step {step}) "
                     f"had non-finite losses or gradients, so their updates were discarded{where}; lower "
-                    f"learner.lr or check the rewards, then resume with trainer.resume=RUN_DIR")
+                    f"learner.lr or check the rewards, then resume with trainer.resume=RUN_DIR"
+                )
 
     async def _save(self, step: int) -> float:
         tc = time.time()
@@ -386,16 +415,23 @@ class Controller:
         its update (its groups are back in the buffer)."""
         self._committed = False
         step = asyncio.create_task(self._train_step(), name="train step")
-        # keep for the checkpoint what the last one took, with a margin; unmeasured: half the grace
-        reserve = (lambda: 1.5 * self._checkpoint_s + 1.0 if self._checkpoint_s is not None
-                   else 0.5 * self.cfg.trainer.stop_grace_s)
+
+        def reserve() -> float:  # for the checkpoint: what the last one took, with a margin; unmeasured: half the grace
+            if self._checkpoint_s is not None:
+                return 1.5 * self._checkpoint_s + 1.0
+            return 0.5 * self.cfg.trainer.stop_grace_s
+
         if await self._stop.finish_or_abandon(step, lambda: self._committed, reserve):
             return step.result()
         self.abandoned_step = self.state.step + 1
         back = await self.buffer.give_back()
-        self.events.record("step_abandoned", step=self.abandoned_step, groups_given_back=back,
-                           reason=f"it could not finish and be checkpointed within trainer.stop_grace_s="
-                                  f"{self.cfg.trainer.stop_grace_s:g}")
+        self.events.record(
+            "step_abandoned",
+            step=self.abandoned_step,
+            groups_given_back=back,
+            reason=f"it could not finish and be checkpointed within trainer.stop_grace_s="
+            f"{self.cfg.trainer.stop_grace_s:g}",
+        )
         return None
 
     async def _keep_last_step(self) -> None:
@@ -413,7 +449,7 @@ class Controller:
         limit = self.cfg.cluster.sync_timeout_s + 60
         try:
             path = await asyncio.wait_for(self.checkpointer.save(self, version), limit)
-        except Exception as err:  # noqa: BLE001 - the sync error is the one to report
+        except Exception as err:  # the sync error is the one to report
             return f"its checkpoint failed too ({first_line(err)}); resume from the last checkpoint"
         self.events.record("checkpoint_after_failed_sync", step=version, path=str(path))
         return f"checkpoint at step {version}: resume with trainer.resume=RUN_DIR"
@@ -424,9 +460,13 @@ class Controller:
         st, limit = self.state, self.cfg.trainer.max_skipped_steps
         if metrics.get("learner/skipped_updates", 0) > 0:
             st.skipped, st.skipped_streak = st.skipped + 1, st.skipped_streak + 1
-            self.events.record("skip", step=step, updates=int(metrics["learner/skipped_updates"]),
-                               nonfinite_microbatches=int(metrics.get("learner/nonfinite_microbatches", 0)),
-                               in_a_row=st.skipped_streak)
+            self.events.record(
+                "skip",
+                step=step,
+                updates=int(metrics["learner/skipped_updates"]),
+                nonfinite_microbatches=int(metrics.get("learner/nonfinite_microbatches", 0)),
+                in_a_row=st.skipped_streak,
+            )
         else:
             st.skipped_streak = 0
         metrics["faults/skipped_steps"] = st.skipped
@@ -444,18 +484,26 @@ class Controller:
                 raise RuntimeError(f"method={self.method.name} needs a teacher scorer")
             # Normally scored as they completed; a group that was not (the teacher's schedule
             # turned on after it finished) is scored now, and the learner waits for it.
-            groups = [g if all(r.teacher_logprobs is not None or not self.scorer.spec.selects(e, r)
-                               for e in g.episodes for r in e.turns) else await self._score(g) for g in groups]
+            groups = [
+                g
+                if all(
+                    r.teacher_logprobs is not None or not self.scorer.spec.selects(e, r)
+                    for e in g.episodes
+                    for r in e.turns
+                )
+                else await self._score(g)
+                for g in groups
+            ]
             metrics.update(teacher_metrics(groups, self.scorer.wants_weights))
         t2 = time.time()
         self._committed = True  # from here the step changes the method's and the learner's state
         self.method.observe(groups)  # e.g. the skills offered to these episodes and their rewards (UCB)
         credit = self.method.credit(groups, step)
         rows = rows_of(groups)
-        batch = build_train_batch(rows, credit, pad_id=self.learner.pad_id,
-                                  default_entropy_coef=cfg.learner.entropy_coef)
-        minibatches = [slice_rows(batch, a, b)
-                       for a, b in minibatch_bounds(groups, cfg.learner.mini_batches)]
+        batch = build_train_batch(
+            rows, credit, pad_id=self.learner.pad_id, default_entropy_coef=cfg.learner.entropy_coef
+        )
+        minibatches = [slice_rows(batch, a, b) for a, b in minibatch_bounds(groups, cfg.learner.mini_batches)]
         if cfg.trainer.skip_zero_advantage_rows and cfg.learner.kl_coef == 0:
             minibatches = [drop_silent_rows(mb, min_rows=cfg.learner.num_learners) for mb in minibatches]
             metrics["learner/skipped_rows_frac"] = 1.0 - sum(mb.n_rows for mb in minibatches) / max(batch.n_rows, 1)
@@ -477,35 +525,47 @@ class Controller:
                 # The step itself trained: checkpoint it (a resumed run publishes its weights first).
                 cause = getattr(e, "cause", None) or e  # a Ray task error wraps the receiver's own
                 where = await self._checkpoint_after_failed_sync(version)
-                raise WeightSyncError(f"stopping the run: syncing the weights of step {version} failed "
-                                      f"({cause}); {where}") from e
+                raise WeightSyncError(
+                    f"stopping the run: syncing the weights of step {version} failed ({cause}); {where}"
+                ) from e
         t5 = time.time()
         st.step = self._published = version
         metrics.update(credit.metrics)
         metrics.update(sync_m)
         metrics.update(rollout_metrics(groups, self.method.invalid_action_penalty))
         metrics.update(self.buffer.stats.as_metrics())
-        metrics.update({"faults/restarts": st.restarts, "faults/replayed_groups": st.replayed,
-                        "faults/env_error_episodes": st.env_error_episodes,
-                        "faults/env_error_groups": st.env_error_groups})
+        metrics.update(
+            {
+                "faults/restarts": st.restarts,
+                "faults/replayed_groups": st.replayed,
+                "faults/env_error_episodes": st.env_error_episodes,
+                "faults/env_error_groups": st.env_error_groups,
+            }
+        )
         self._playing(0)  # bring the busy time up to now
         step_s, busy = t5 - t0, st.rollout_busy_s - self._busy_counted
         window = t5 - self._window_start  # since the last step ended (a validation included)
         self._busy_counted, self._window_start = st.rollout_busy_s, t5
         gen_tokens = sum(g.n_generated_tokens for g in groups)
         gen_seconds = sum(g.rollout_seconds for g in groups)
-        metrics.update({
-            "time/step_s": step_s, "time/wait_rollout_s": t1 - t0, "time/wait_teacher_s": t2 - t1,
-            "time/credit_s": t3 - t2, "time/train_s": t4 - t3, "time/sync_s": t5 - t4,
-            "time/learner_idle_frac": (t1 - t0 + t2 - t1) / max(step_s, 1e-9),
-            "time/rollout_idle_frac": max(0.0, 1.0 - busy / max(window, 1e-9)),
-            # tokens of the groups trained this step over the wall time the rollout side was busy
-            # (groups in flight overlap: summing their own seconds would count the same second twice)
-            "rollout/tokens_per_s": gen_tokens / max(busy, 1e-9),
-            "rollout/group_seconds": gen_seconds / max(len(groups), 1),
-            "sync/step_fraction": (t5 - t4) / max(step_s, 1e-9),
-            "rollout/policy_lag_max": step - min(g.min_version for g in groups),
-        })
+        metrics.update(
+            {
+                "time/step_s": step_s,
+                "time/wait_rollout_s": t1 - t0,
+                "time/wait_teacher_s": t2 - t1,
+                "time/credit_s": t3 - t2,
+                "time/train_s": t4 - t3,
+                "time/sync_s": t5 - t4,
+                "time/learner_idle_frac": (t1 - t0 + t2 - t1) / max(step_s, 1e-9),
+                "time/rollout_idle_frac": max(0.0, 1.0 - busy / max(window, 1e-9)),
+                # tokens of the groups trained this step over the wall time the rollout side was busy
+                # (groups in flight overlap: summing their own seconds would count the same second twice)
+                "rollout/tokens_per_s": gen_tokens / max(busy, 1e-9),
+                "rollout/group_seconds": gen_seconds / max(len(groups), 1),
+                "sync/step_fraction": (t5 - t4) / max(step_s, 1e-9),
+                "rollout/policy_lag_max": step - min(g.min_version for g in groups),
+            }
+        )
         return metrics
 
     async def _validate(self, step: int, notify_method: bool = True, split: str | None = None) -> dict[str, float]:
@@ -540,8 +600,12 @@ class Controller:
             out[f"{pre}/privileged_success"] = privileged
             gap = out[f"{pre}/privilege_gap"] = privileged - out[f"{pre}/success"]
             if gap <= 0:
-                print(f"privy-rl: step {step}: privilege gap {gap:+.3f} <= 0 on {split}: with its context the "
-                      f"policy does no better, so the teacher has nothing to distil yet", file=sys.stderr, flush=True)
+                print(
+                    f"privy-rl: step {step}: privilege gap {gap:+.3f} <= 0 on {split}: with its context the "
+                    f"policy does no better, so the teacher has nothing to distil yet",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if notify_method:  # a method's windows (RetireOPD) count validations after training steps only
             out.update(self.method.on_validation(step, out.get("val/success", 0.0), privileged))
         out[f"time/{pre}_s"] = time.time() - t0
@@ -553,11 +617,11 @@ class Controller:
             out.update(await self._validate(step, notify_method=False, split=split))
         return out
 
-    async def _play_validation(self, temperature: float, views: list, split: str,
-                               keep: list | None = None) -> list[EpisodeGroup]:
+    async def _play_validation(
+        self, temperature: float, views: list, split: str, keep: list | None = None
+    ) -> list[EpisodeGroup]:
         """One episode per validation task of ``split``; a task whose view is None keeps ``keep``'s
         episode (it has no privileged context: its privileged outcome is its plain one)."""
-        cfg = self.cfg
 
         async def one(i: int, view):
             if view is None and keep is not None:
@@ -565,8 +629,14 @@ class Controller:
             while True:  # a worker that dies mid-episode plays it again once restarted
                 try:
                     return await self.workers[i % len(self.workers)].run_group(
-                        task_seed=i, split=split, group_size=1, temperature=temperature,
-                        sample_seed=10_000 + i, view=view, min_version=self._published)
+                        task_seed=i,
+                        split=split,
+                        group_size=1,
+                        temperature=temperature,
+                        sample_seed=10_000 + i,
+                        view=view,
+                        min_version=self._published,
+                    )
                 except ActorDied as e:
                     self.events.record("replay", step=self.state.step, task=f"val{i}", actor=e.handle.name)
                     await self._revive(e)
@@ -584,22 +654,32 @@ async def _cancel_all(tasks: list[asyncio.Task], grace_s: float = 60.0) -> None:
         if not task.cancelled():
             task.exception()
     if stuck:
-        print(f"privy-rl: warning: {', '.join(t.get_name() for t in stuck)} did not stop within "
-              f"{grace_s:g} s of being cancelled; ending the run without them", file=sys.stderr, flush=True)
+        print(
+            f"privy-rl: warning: {', '.join(t.get_name() for t in stuck)} did not stop within "
+            f"{grace_s:g} s of being cancelled; ending the run without them",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def teacher_metrics(groups: list[EpisodeGroup], self_teacher: bool) -> dict[str, float]:
     """The scorer's work on the step's groups (done while they completed, off the learner's path)."""
     rows = [r for g in groups for r in g.rows()]
     scored = [r for r in rows if r.teacher_logprobs is not None]
-    out = {"teacher/seconds": sum(g.teacher_seconds for g in groups),
-           "teacher/rows_scored_frac": len(scored) / max(len(rows), 1),
-           "teacher/prompt_tokens": sum(g.teacher_prompt_tokens for g in groups) / max(len(scored), 1)}
+    out = {
+        "teacher/seconds": sum(g.teacher_seconds for g in groups),
+        "teacher/rows_scored_frac": len(scored) / max(len(rows), 1),
+        "teacher/prompt_tokens": sum(g.teacher_prompt_tokens for g in groups) / max(len(scored), 1),
+    }
     if scored and self_teacher:
         out["teacher/staleness"] = sum(r.teacher_version - r.policy_version for r in scored) / len(scored)
     out.update(gap_statistics("teacher", [(r.teacher_logprobs, r.behaviour_logprobs) for r in scored]))
-    out.update(gap_statistics("noise", [(r.plain_teacher_logprobs, r.behaviour_logprobs) for r in scored
-                                        if r.plain_teacher_logprobs is not None]))
+    out.update(
+        gap_statistics(
+            "noise",
+            [(r.plain_teacher_logprobs, r.behaviour_logprobs) for r in scored if r.plain_teacher_logprobs is not None],
+        )
+    )
     return out
 
 
@@ -613,10 +693,12 @@ def gap_statistics(prefix: str, pairs: list[tuple[list[float], list[float]]]) ->
         return {}
     n = len(gaps)
     mean = sum(gaps) / n
-    return {f"{prefix}/gap_mean": mean,
-            f"{prefix}/gap_std": (sum((g - mean) ** 2 for g in gaps) / max(n - 1, 1)) ** 0.5,
-            f"{prefix}/gap_abs_mean": sum(abs(g) for g in gaps) / n,
-            f"{prefix}/negative_gap_fraction": sum(g < 0 for g in gaps) / n}
+    return {
+        f"{prefix}/gap_mean": mean,
+        f"{prefix}/gap_std": (sum((g - mean) ** 2 for g in gaps) / max(n - 1, 1)) ** 0.5,
+        f"{prefix}/gap_abs_mean": sum(abs(g) for g in gaps) / n,
+        f"{prefix}/negative_gap_fraction": sum(g < 0 for g in gaps) / n,
+    }
 
 
 def rollout_metrics(groups: list[EpisodeGroup], invalid_penalty: float) -> dict[str, float]:
@@ -633,8 +715,8 @@ def rollout_metrics(groups: list[EpisodeGroup], invalid_penalty: float) -> dict[
         "rollout/turns_per_episode": len(rows) / n_eps,
         "rollout/response_tokens": sum(t.n_response for t in rows) / n_rows,
         "rollout/prompt_truncated_frac": sum(t.truncated_prompt for t in rows) / n_rows,
-        "rollout/row_score": sum(_row_score(e.reward, t.action_valid, invalid_penalty)
-                                 for e in eps for t in e.turns) / n_rows,
+        "rollout/row_score": sum(_row_score(e.reward, t.action_valid, invalid_penalty) for e in eps for t in e.turns)
+        / n_rows,
         "rollout/env_errors": float(sum(bool(e.error) for e in eps)),
     }
     by_type: dict[str, list[bool]] = defaultdict(list)

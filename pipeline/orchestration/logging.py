@@ -3,6 +3,7 @@
 Code never branches on whether wandb is on: it calls ``MetricsLogger.log`` and the configured
 sinks do their part (a disabled sink is a null object).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,14 @@ class WandbSink(NullSink):
             os.environ.setdefault(var, str(run_dir / ".wandb"))
         import wandb
 
-        self._run = wandb.init(project=project, mode=mode, dir=str(run_dir), config=config,
-                               id=resume_id, resume="allow" if resume_id else None)
+        self._run = wandb.init(
+            project=project,
+            mode=mode,
+            dir=str(run_dir),
+            config=config,
+            id=resume_id,
+            resume="allow" if resume_id else None,
+        )
         self.run_id = self._run.id
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -105,8 +112,20 @@ class OutcomeLog:
         path = self.root / f"{prefix.replace('/', '_')}_step{step:04d}_{tag}.jsonl"
         with open(path, "w") as f:
             for i, e in enumerate(episodes):
-                f.write(json.dumps({"task": i, "task_id": e.task_id, "seed": e.seed, "won": bool(e.won),
-                                    "reward": float(e.reward), "turns": len(e.turns), "error": e.error}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "task": i,
+                            "task_id": e.task_id,
+                            "seed": e.seed,
+                            "won": bool(e.won),
+                            "reward": float(e.reward),
+                            "turns": len(e.turns),
+                            "error": e.error,
+                        }
+                    )
+                    + "\n"
+                )
         return path
 
 

@@ -3,6 +3,7 @@
 ``run_training(cfg, run_dir)`` is what ``scripts/train.py`` (Hydra) calls; tests call it directly
 with a composed config.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,28 +32,34 @@ def check_launch(cfg: PrivyConfig):
     from envs.base import TextEnv
 
     if cfg.warm_start.enabled and env_cls.expert_response is TextEnv.expert_response:
-        raise ConfigError(f"warm_start.enabled=true: env {cfg.env.name!r} has no expert to clone "
-                          "(TextEnv.expert_response); set warm_start.enabled=false")
+        raise ConfigError(
+            f"warm_start.enabled=true: env {cfg.env.name!r} has no expert to clone "
+            "(TextEnv.expert_response); set warm_start.enabled=false"
+        )
     _check_splits(cfg)
-    penalty = (cfg.env.invalid_action_penalty if cfg.env.invalid_action_penalty is not None
-               else env_cls.invalid_action_penalty)
+    penalty = (
+        cfg.env.invalid_action_penalty if cfg.env.invalid_action_penalty is not None else env_cls.invalid_action_penalty
+    )
     try:
-        method = build_method(cfg.method, invalid_action_penalty=penalty, env_name=cfg.env.name,
-                              seed=cfg.trainer.seed)
+        method = build_method(cfg.method, invalid_action_penalty=penalty, env_name=cfg.env.name, seed=cfg.trainer.seed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     need_val = method.required_val_every()
     if need_val is not None and cfg.trainer.val_every != need_val:
-        raise ConfigError(f"method={method.name} closes its windows on validation: set "
-                          f"trainer.val_every={need_val} (got {cfg.trainer.val_every})")
+        raise ConfigError(
+            f"method={method.name} closes its windows on validation: set "
+            f"trainer.val_every={need_val} (got {cfg.trainer.val_every})"
+        )
     from pipeline.distributed.placement import check_launch_gpus, plan_placement
 
     check_launch_gpus(cfg, plan_placement(cfg, with_scorer=method.teacher_spec() is not None))
     need = cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_learners * cfg.learner.num_cpus
     have = cfg.cluster.num_cpus or os.cpu_count() or 1
     if cfg.cluster.address is None and need > have:
-        raise ConfigError(f"the actors ask for {need:g} CPUs but the local Ray has {have}: lower "
-                          "rollout.num_cpus / learner.num_cpus (fractions are fine) or the actor counts")
+        raise ConfigError(
+            f"the actors ask for {need:g} CPUs but the local Ray has {have}: lower "
+            "rollout.num_cpus / learner.num_cpus (fractions are fine) or the actor counts"
+        )
     return method, penalty
 
 
@@ -100,7 +107,8 @@ def check_model(cfg: PrivyConfig, model_path: str):
     if not has_chat_template(tok):
         raise ConfigError(
             f"model.chat_template: the tokenizer of {model_path} has no chat template (a base model?); "
-            "set model.chat_template=chatml|llama3|qwen2|gemma or a path to a Jinja file")
+            "set model.chat_template=chatml|llama3|qwen2|gemma or a path to a Jinja file"
+        )
     return tok
 
 
@@ -123,8 +131,9 @@ def start_ray(cfg: PrivyConfig) -> None:
     if ray.is_initialized():
         return
     env_vars = set_process_env()
-    env_vars["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                             os.environ.get("PYTHONPATH", "")])
+    env_vars["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
+    )
     if cfg.cluster.address is None:
         # A run on one machine serves nothing beyond it: Ray, the rendezvous stores (which bind
         # the node's IP) and gloo's connections all stay on the loopback interface.
@@ -137,9 +146,14 @@ def start_ray(cfg: PrivyConfig) -> None:
 
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False
-        ray.init(address="local", num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
-                 include_dashboard=cfg.cluster.dashboard, log_to_driver=True,
-                 runtime_env={"env_vars": env_vars}, _node_ip_address="127.0.0.1")
+        ray.init(
+            address="local",
+            num_cpus=cfg.cluster.num_cpus or os.cpu_count(),
+            include_dashboard=cfg.cluster.dashboard,
+            log_to_driver=True,
+            runtime_env={"env_vars": env_vars},
+            _node_ip_address="127.0.0.1",
+        )
     else:
         # Inside `ray job submit` the job's runtime env (its working_dir on every worker's path, its
         # env_vars) reaches every actor already, and Ray refuses a driver runtime env that repeats
@@ -174,21 +188,34 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
     if cfg.learner.num_gpus > 0:
         learner_env = {"env_vars": {**threads["env_vars"], "DS_ACCELERATOR": "cuda"}}
     learner_cls = ray.remote(LearnerActor)
-    ranks = [learner_cls.options(**placement.learner(r), runtime_env=learner_env).remote(
-        cfg.learner, model_path, temperature=cfg.rollout.temperature,
-        total_steps=cfg.trainer.total_steps, rank=r, world_size=cfg.learner.num_learners,
-        seed=cfg.trainer.seed, threads=n_threads)
-        for r in range(cfg.learner.num_learners)]
+    ranks = [
+        learner_cls.options(**placement.learner(r), runtime_env=learner_env).remote(
+            cfg.learner,
+            model_path,
+            temperature=cfg.rollout.temperature,
+            total_steps=cfg.trainer.total_steps,
+            rank=r,
+            world_size=cfg.learner.num_learners,
+            seed=cfg.trainer.seed,
+            threads=n_threads,
+        )
+        for r in range(cfg.learner.num_learners)
+    ]
     tok = load_tokenizer(model_path, cfg.model.chat_template)
     # A rollout worker or the scorer whose process dies is restarted by Ray (its constructor runs
     # again); the controller replays what it lost and gives it the current weights.
     restarts = cfg.cluster.max_restarts
     rollout_cls = ray.remote(max_concurrency=rollout_concurrency(cfg))(RolloutWorker)
-    workers = [RayRollout(rollout_cls.options(**placement.rollout(i), runtime_env=threads,
-                                              max_restarts=restarts).remote(
-        cfg.rollout, cfg.env, model_path, worker_id=i, threads=n_threads, chat_template=cfg.model.chat_template),
-        name=f"rollout worker {i}", group_timeout_s=cfg.rollout.group_timeout_s)
-        for i in range(cfg.rollout.num_workers)]
+    workers = [
+        RayRollout(
+            rollout_cls.options(**placement.rollout(i), runtime_env=threads, max_restarts=restarts).remote(
+                cfg.rollout, cfg.env, model_path, worker_id=i, threads=n_threads, chat_template=cfg.model.chat_template
+            ),
+            name=f"rollout worker {i}",
+            group_timeout_s=cfg.rollout.group_timeout_s,
+        )
+        for i in range(cfg.rollout.num_workers)
+    ]
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     # The teacher prompt may exceed the student's budget by the privileged text, never the model.
     max_total = int(getattr(_model_config(model_path), "max_position_embeddings", 8192))
@@ -199,12 +226,18 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
     if spec is not None:
         path = model_path if spec.source == "self" else spec.frozen_path
         # The scorer works while the learner waits for it (or between steps): no CPU reservation.
-        actor = ray.remote(TeacherScorerWorker).options(**placement.scorer(), runtime_env=threads,
-                                                        max_restarts=restarts).remote(
-            path, temperature=cfg.rollout.temperature,
-            micro_batch_tokens=cfg.scorer.micro_batch_tokens or cfg.learner.micro_batch_tokens,
-            precision=cfg.scorer.precision, device="cuda" if cfg.scorer.num_gpus > 0 else "cpu",
-            threads=n_threads)
+        actor = (
+            ray.remote(TeacherScorerWorker)
+            .options(**placement.scorer(), runtime_env=threads, max_restarts=restarts)
+            .remote(
+                path,
+                temperature=cfg.rollout.temperature,
+                micro_batch_tokens=cfg.scorer.micro_batch_tokens or cfg.learner.micro_batch_tokens,
+                precision=cfg.scorer.precision,
+                device="cuda" if cfg.scorer.num_gpus > 0 else "cpu",
+                threads=n_threads,
+            )
+        )
         scorer = TeacherScorer(actor, spec, prompts, timeout_s=cfg.scorer.timeout_s, noise_floor=cfg.scorer.noise_floor)
         actors.append(actor)
     actors.append(placement)  # last: _kill removes the placement group after the actors
@@ -218,10 +251,15 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
         raise
     ray.get([rk.ping.remote() for rk in ranks], timeout=900)  # surface setup errors now
     if run_dir is not None:
-        infos = {f"learner{r}": info for r, info in enumerate(ray.get([rk.hardware.remote() for rk in ranks],
-                                                                      timeout=900))}
-        infos.update({f"rollout{i}": info for i, info in enumerate(
-            ray.get([w.actor.hardware.remote() for w in workers], timeout=900))})
+        infos = {
+            f"learner{r}": info for r, info in enumerate(ray.get([rk.hardware.remote() for rk in ranks], timeout=900))
+        }
+        infos.update(
+            {
+                f"rollout{i}": info
+                for i, info in enumerate(ray.get([w.actor.hardware.remote() for w in workers], timeout=900))
+            }
+        )
         if scorer is not None:
             infos["scorer"] = ray.get(scorer.actor.hardware.remote(), timeout=900)
         report_hardware(run_dir, infos)
@@ -243,15 +281,18 @@ class Progress:
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True,
-                            file=sys.stderr)
+            self.bar = tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr)
 
     def __call__(self, step: int, m: dict[str, float]) -> None:
         if self.bar is None:
             return
         self.bar.update(step - self.bar.n)
-        post = {"reward": m.get("rollout/reward"), "success": m.get("rollout/success"),
-                "valid": m.get("rollout/valid_action_rate"), "val": m.get("val/success")}
+        post = {
+            "reward": m.get("rollout/reward"),
+            "success": m.get("rollout/success"),
+            "valid": m.get("rollout/valid_action_rate"),
+            "val": m.get("val/success"),
+        }
         self.bar.set_postfix({k: f"{v:.3f}" for k, v in post.items() if v is not None})
 
     def close(self) -> None:
@@ -263,10 +304,10 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     """Train; returns the per-step metrics. Raises ConfigError for a bad config."""
     from omegaconf import OmegaConf
 
+    from pipeline.models import resolve_model
     from pipeline.orchestration.checkpoint import Checkpointer, load_state, resolve_checkpoint
     from pipeline.orchestration.controller import Controller, ControllerState
     from pipeline.orchestration.logging import EventLog, OutcomeLog, make_logger
-    from pipeline.models import resolve_model
 
     set_process_env()
     run_dir = Path(run_dir)
@@ -312,10 +353,20 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     extra = {"wandb_id": getattr(logger.sinks[-1], "run_id", None) if logger.sinks else None}
     start_step = state.step if state else 0
     progress = Progress(cfg.trainer.total_steps, start_step, cfg.logger.progress)
-    controller = Controller(cfg, learner=learner, workers=workers, method=method, logger=logger,
-                            checkpointer=Checkpointer(run_dir, cfg.trainer.keep_checkpoints, extra),
-                            scorer=scorer, progress=progress, state=state, buffer_state=buffer_state,
-                            events=EventLog(run_dir / "events.jsonl"), outcomes=OutcomeLog(run_dir / "outcomes"))
+    controller = Controller(
+        cfg,
+        learner=learner,
+        workers=workers,
+        method=method,
+        logger=logger,
+        checkpointer=Checkpointer(run_dir, cfg.trainer.keep_checkpoints, extra),
+        scorer=scorer,
+        progress=progress,
+        state=state,
+        buffer_state=buffer_state,
+        events=EventLog(run_dir / "events.jsonl"),
+        outcomes=OutcomeLog(run_dir / "outcomes"),
+    )
     if resume_state is not None:
         # Rollout workers (and a self-teacher) start from the initial weights: sync them first.
         asyncio.run(learner.publish(start_step, workers, scorer))
@@ -327,13 +378,21 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
             controller.request_stop()
         elif signum == signal.SIGTERM:  # a cluster's stop: SIGKILL follows after its grace
             grace = cfg.trainer.stop_grace_s
-            print(f"privy-rl: SIGTERM: finishing step {controller.state.step + 1} if it can be checkpointed "
-                  f"within trainer.stop_grace_s={grace:g}, else keeping step {controller.state.step}; no more "
-                  "validation", file=sys.stderr, flush=True)
+            print(
+                f"privy-rl: SIGTERM: finishing step {controller.state.step + 1} if it can be checkpointed "
+                f"within trainer.stop_grace_s={grace:g}, else keeping step {controller.state.step}; no more "
+                "validation",
+                file=sys.stderr,
+                flush=True,
+            )
             controller.request_stop(deadline=time.monotonic() + grace)
         else:
-            print(f"privy-rl: Ctrl-C: finishing step {controller.state.step + 1}, then saving a checkpoint "
-                  "(Ctrl-C again aborts at once)", file=sys.stderr, flush=True)
+            print(
+                f"privy-rl: Ctrl-C: finishing step {controller.state.step + 1}, then saving a checkpoint "
+                "(Ctrl-C again aborts at once)",
+                file=sys.stderr,
+                flush=True,
+            )
             controller.request_stop()
         stopped_by.append(signum)
 
@@ -356,14 +415,20 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
         logger.close()
         controller.events.close()
         _kill(actors)
-    summary = {"steps": controller.state.step, "seconds": time.time() - t0,
-               "first": history[0] if history else {}, "last": history[-1] if history else {}}
+    summary = {
+        "steps": controller.state.step,
+        "seconds": time.time() - t0,
+        "first": history[0] if history else {},
+        "last": history[-1] if history else {},
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     if controller.stopping and (controller.state.step < cfg.trainer.total_steps or controller.final_skipped):
         step, signum = controller.state.step, (stopped_by or [signal.SIGINT])[0]
         if controller.final_skipped:
-            then = (f"checkpoint saved; the final validation was skipped: evaluate {run_dir}/checkpoints/"
-                    f"step_{step:06d}/hf with trainer.total_steps=0 model=hf_path model.path=...")
+            then = (
+                f"checkpoint saved; the final validation was skipped: evaluate {run_dir}/checkpoints/"
+                f"step_{step:06d}/hf with trainer.total_steps=0 model=hf_path model.path=..."
+            )
         elif step == 0:
             then = "no step was trained, nothing to save: start the run again"
         else:
@@ -388,8 +453,11 @@ def init_weight_sync(cfg: PrivyConfig, learner, workers: list, scorer, actors: l
         return
     c = cfg.cluster
     try:
-        asyncio.run(learner.init_weight_group(workers, scorer, backend=c.sync_backend,
-                                              bucket_mb=c.sync_bucket_mb, timeout_s=c.sync_timeout_s))
+        asyncio.run(
+            learner.init_weight_group(
+                workers, scorer, backend=c.sync_backend, bucket_mb=c.sync_bucket_mb, timeout_s=c.sync_timeout_s
+            )
+        )
     except BaseException:
         _kill(actors)
         raise
@@ -407,7 +475,7 @@ def _kill(actors: list) -> None:
                 a.remove()
             else:
                 ray.kill(a)
-        except Exception:  # noqa: BLE001 - already dead
+        except Exception:  # already dead
             pass
 
 
@@ -436,8 +504,10 @@ def _resume_phases(cfg: PrivyConfig, method, run_dir: Path) -> str | None:
         pass
     phase1 = root / PHASE1_DIR
     if not phase1.is_dir():
-        raise ConfigError(f"trainer.resume={cfg.trainer.resume}: neither a checkpoint of this run nor of its "
-                          f"first phase ({phase1}) exists")
+        raise ConfigError(
+            f"trainer.resume={cfg.trainer.resume}: neither a checkpoint of this run nor of its "
+            f"first phase ({phase1}) exists"
+        )
     _run_prerequisite(cfg, method, run_dir, resume_from=phase1)
     return None
 
@@ -454,7 +524,9 @@ def _auto_resume(method, run_dir: Path) -> str | None:
     try:
         found = str(resolve_checkpoint(run_dir))
     except FileNotFoundError:
-        found = str(run_dir / PHASE1_DIR) if method.prerequisite() is not None and (run_dir / PHASE1_DIR).is_dir() else None
+        found = (
+            str(run_dir / PHASE1_DIR) if method.prerequisite() is not None and (run_dir / PHASE1_DIR).is_dir() else None
+        )
     if found is None:
         print(f"privy-rl: trainer.resume=auto: no checkpoint in {run_dir}: starting fresh", file=sys.stderr, flush=True)
         supersede_metrics(run_dir, -1)
@@ -501,8 +573,9 @@ def _run_prerequisite(cfg: PrivyConfig, method, run_dir: Path, resume_from: Path
     cfg1.trainer.resume = None
     cfg1.trainer.run_dir = None
     if cfg1.trainer.val_every == 0:
-        raise ConfigError(f"method={method.name} measures its teacher's success rate by validation: "
-                          "set trainer.val_every > 0")
+        raise ConfigError(
+            f"method={method.name} measures its teacher's success rate by validation: set trainer.val_every > 0"
+        )
     final = f"step_{cfg1.trainer.total_steps:06d}"
     if resume_from is not None:
         try:

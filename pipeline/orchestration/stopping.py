@@ -12,6 +12,7 @@ method observes the groups and the learner changes its weights, the step is *com
 finished, and that step is saved. A learner update longer than what is left of the grace is
 therefore not saved in time (docs/cluster.md says what grace a model needs).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +41,9 @@ class StopRequest:
         """When an uncommitted step must be given up to leave ``reserve_s`` for the checkpoint."""
         return None if self.deadline is None else self.deadline - reserve_s
 
-    async def finish_or_abandon(self, step: asyncio.Task, committed: Callable[[], bool],
-                                reserve_s: Callable[[], float]) -> bool:
+    async def finish_or_abandon(
+        self, step: asyncio.Task, committed: Callable[[], bool], reserve_s: Callable[[], float]
+    ) -> bool:
         """Wait for ``step``: True when it finished (its result or error is the task's). False when
         a deadline leaves no time to finish it while the step is not yet committed: it is cancelled
         and has ended. A cancellation of the caller cancels the step too."""

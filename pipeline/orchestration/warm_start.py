@@ -18,6 +18,7 @@
    phase) reuses it. ``privy_model.json`` there records rows, tokens, the loss per epoch and the
    seconds it took.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.config import EnvConfig, PrivyConfig, WarmStartConfig
 from pipeline.context.expert import expert_episode
+from pipeline.core.config import EnvConfig, PrivyConfig, WarmStartConfig
 from pipeline.core.types import TurnRecord
 
 EXPERT_VERSION = 5  # bump when the expert's responses, the row format or a split change: rebuilds every cache
@@ -46,8 +47,9 @@ class ExpertRows:
     turns: list[int]  # turns of each won episode
 
 
-def expert_rows(env_cfg: EnvConfig, prompts, tasks: int, max_turns: int | None = None,
-                hint_placement: str | None = None) -> ExpertRows:
+def expert_rows(
+    env_cfg: EnvConfig, prompts, tasks: int, max_turns: int | None = None, hint_placement: str | None = None
+) -> ExpertRows:
     """Play the expert on train tasks ``0..tasks-1`` and return the turns of the episodes it won.
 
     With ``hint_placement``, each task is played a second time by the expert that knows the env's
@@ -87,6 +89,7 @@ def _play(env_cfg: EnvConfig, prompts, seed: int, max_turns: int | None, hinted,
 
 # ----- the cache ---------------------------------------------------------------------------------
 
+
 def _model_identity(model_path: Path) -> dict[str, Any]:
     """The base model's files by name, size and the first MiB's hash (weights change -> new key)."""
     out = {}
@@ -101,13 +104,21 @@ def cache_key(cfg: PrivyConfig, model_path: Path) -> dict[str, Any]:
     from pipeline.core.hardware import choose_precision
 
     env = cfg.env
-    return {"expert_version": EXPERT_VERSION, "model": _model_identity(model_path),
-            "chat_template": cfg.model.chat_template,
-            "env": {"name": env.name, "options": dict(env.options or {}), "history_length": env.history_length,
-                    "train_split": env.train_split},
-            "max_prompt_tokens": cfg.rollout.max_prompt_tokens, "micro_batch_tokens": cfg.learner.micro_batch_tokens,
-            "warm_start": {k: v for k, v in dataclasses.asdict(cfg.warm_start).items() if k != "cache_dir"},
-            "dtype": choose_precision(cfg.warm_start.precision, "cpu").dtype}
+    return {
+        "expert_version": EXPERT_VERSION,
+        "model": _model_identity(model_path),
+        "chat_template": cfg.model.chat_template,
+        "env": {
+            "name": env.name,
+            "options": dict(env.options or {}),
+            "history_length": env.history_length,
+            "train_split": env.train_split,
+        },
+        "max_prompt_tokens": cfg.rollout.max_prompt_tokens,
+        "micro_batch_tokens": cfg.learner.micro_batch_tokens,
+        "warm_start": {k: v for k, v in dataclasses.asdict(cfg.warm_start).items() if k != "cache_dir"},
+        "dtype": choose_precision(cfg.warm_start.precision, "cpu").dtype,
+    }
 
 
 def warm_start_dir(cfg: PrivyConfig, model_path: Path) -> Path:
@@ -115,7 +126,9 @@ def warm_start_dir(cfg: PrivyConfig, model_path: Path) -> Path:
 
     key = json.dumps(cache_key(cfg, model_path), sort_keys=True, default=str)
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-    root = Path(cfg.warm_start.cache_dir) if cfg.warm_start.cache_dir else cache_root(cfg.model.cache_dir) / "warm_start"
+    root = (
+        Path(cfg.warm_start.cache_dir) if cfg.warm_start.cache_dir else cache_root(cfg.model.cache_dir) / "warm_start"
+    )
     return root / f"{cfg.model.name}-{cfg.env.name}-{digest}"
 
 
@@ -130,8 +143,12 @@ def ensure_warm_start(cfg: PrivyConfig, model_path: str | Path) -> Path:
     with build_lock(target):
         if is_complete(target):
             return target
-        print(f"privy-rl: warm start: cloning the {cfg.env.name} expert on {cfg.warm_start.tasks} train tasks "
-              f"into {target} (once; cached)", file=sys.stderr, flush=True)
+        print(
+            f"privy-rl: warm start: cloning the {cfg.env.name} expert on {cfg.warm_start.tasks} train tasks "
+            f"into {target} (once; cached)",
+            file=sys.stderr,
+            flush=True,
+        )
         stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
             import multiprocessing as mp
@@ -139,24 +156,43 @@ def ensure_warm_start(cfg: PrivyConfig, model_path: str | Path) -> Path:
             ctx = mp.get_context("spawn")  # DeepSpeed's process group and torch threads stay out of the driver
             with ctx.Pool(1) as pool:
                 report = pool.apply(_build, (cfg, str(model_path), str(stage)))
-            publish(stage, target, {"kind": "warm_start", "base": str(model_path),
-                                    "key": cache_key(cfg, model_path), **report})
+            publish(
+                stage,
+                target,
+                {"kind": "warm_start", "base": str(model_path), "key": cache_key(cfg, model_path), **report},
+            )
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
     r = json.loads((target / "privy_model.json").read_text())
-    print(f"privy-rl: warm start: {r['rows']} rows of {r['won']}/{r['episodes']} expert episodes, NLL per epoch "
-          f"{[round(x, 3) for x in r['loss_per_epoch']]}, {r['seconds']:.0f} s", file=sys.stderr, flush=True)
+    print(
+        f"privy-rl: warm start: {r['rows']} rows of {r['won']}/{r['episodes']} expert episodes, NLL per epoch "
+        f"{[round(x, 3) for x in r['loss_per_epoch']]}, {r['seconds']:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return target
 
 
 # ----- cloning (in the spawned process) ----------------------------------------------------------
 
+
 def _learner_config(cfg: PrivyConfig):
     w = cfg.warm_start
-    return dataclasses.replace(cfg.learner, lr=w.lr, lr_schedule=w.lr_schedule, warmup_steps=0, mini_batches=1,
-                               num_learners=1, zero_stage=0, kl_coef=0.0, entropy_coef=0.0, precision=w.precision,
-                               offload_optimizer=False, offload_params=False)
+    return dataclasses.replace(
+        cfg.learner,
+        lr=w.lr,
+        lr_schedule=w.lr_schedule,
+        warmup_steps=0,
+        mini_batches=1,
+        num_learners=1,
+        zero_stage=0,
+        kl_coef=0.0,
+        entropy_coef=0.0,
+        precision=w.precision,
+        offload_optimizer=False,
+        offload_params=False,
+    )
 
 
 def sft_batch(rows: list[TurnRecord], pad_id: int):
@@ -164,8 +200,12 @@ def sft_batch(rows: list[TurnRecord], pad_id: int):
     from pipeline.core.types import AuxTerm, Credit
     from pipeline.orchestration.batches import build_train_batch
 
-    credit = Credit(advantages=[[0.0] * r.n_response for r in rows], policy_loss_coef=0.0, entropy_coef=0.0,
-                    aux_terms=[AuxTerm(name="sft", kind="nll", coef=1.0)])
+    credit = Credit(
+        advantages=[[0.0] * r.n_response for r in rows],
+        policy_loss_coef=0.0,
+        entropy_coef=0.0,
+        aux_terms=[AuxTerm(name="sft", kind="nll", coef=1.0)],
+    )
     return build_train_batch(rows, credit, pad_id=pad_id, default_entropy_coef=0.0)
 
 
@@ -173,16 +213,17 @@ def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
     import os
 
     from actors.learner import LearnerWorker, copy_tokenizer, init_process_group_env
-    from pipeline.distributed.rendezvous import host_store
     from pipeline.context.student_prompts import StudentPrompts
     from pipeline.core.hardware import set_threads
+    from pipeline.distributed.rendezvous import host_store
     from pipeline.models import load_tokenizer
 
     t0 = time.time()
     set_threads(os.cpu_count() or 1)
     tok = load_tokenizer(model_path, cfg.model.chat_template)
-    prompts = StudentPrompts(tok, max_prompt_tokens=cfg.rollout.max_prompt_tokens,
-                             history_length=cfg.env.history_length)
+    prompts = StudentPrompts(
+        tok, max_prompt_tokens=cfg.rollout.max_prompt_tokens, history_length=cfg.env.history_length
+    )
     w: WarmStartConfig = cfg.warm_start
     ex = expert_rows(cfg.env, prompts, w.tasks, hint_placement=w.hint_placement)
     if not ex.rows:
@@ -190,8 +231,9 @@ def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
     t_rows = time.time() - t0
     steps_per_epoch = -(-len(ex.rows) // w.batch_rows)
     init_process_group_env(0, 1, "127.0.0.1", host_store(60.0))
-    learner = LearnerWorker(_learner_config(cfg), model_path, temperature=1.0,
-                            total_steps=steps_per_epoch * w.epochs, seed=w.seed)
+    learner = LearnerWorker(
+        _learner_config(cfg), model_path, temperature=1.0, total_steps=steps_per_epoch * w.epochs, seed=w.seed
+    )
     learner.setup()
     rng = random.Random(w.seed)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -201,18 +243,31 @@ def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
         rng.shuffle(order)
         total, n = 0.0, 0
         for s in range(steps_per_epoch):
-            chunk = [ex.rows[i] for i in order[s * w.batch_rows:(s + 1) * w.batch_rows]]
+            chunk = [ex.rows[i] for i in order[s * w.batch_rows : (s + 1) * w.batch_rows]]
             m = learner.train_step([sft_batch(chunk, pad)])
             tokens = sum(r.n_response for r in chunk)
             total += m["sft/loss"][0] * tokens
             n += tokens
         losses.append(total / n)
-        print(f"privy-rl: warm start: epoch {len(losses)}/{w.epochs}: NLL {losses[-1]:.3f} per token "
-              f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+        print(
+            f"privy-rl: warm start: epoch {len(losses)}/{w.epochs}: NLL {losses[-1]:.3f} per token "
+            f"({time.time() - t0:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     learner.module.save_pretrained(out, state_dict=learner.state_dict_for_sync(), safe_serialization=True)
     copy_tokenizer(model_path, Path(out))
     n_prompt = [len(r.prompt_ids) for r in ex.rows]
-    return {"rows": len(ex.rows), "episodes": ex.episodes, "won": ex.won, "expert_turns": ex.turns,
-            "prompt_tokens_mean": sum(n_prompt) / len(n_prompt), "response_tokens": sum(r.n_response for r in ex.rows),
-            "loss_per_epoch": losses, "optimizer_steps": steps_per_epoch * w.epochs,
-            "dtype": learner.precision.dtype, "seconds_rows": t_rows, "seconds": time.time() - t0}
+    return {
+        "rows": len(ex.rows),
+        "episodes": ex.episodes,
+        "won": ex.won,
+        "expert_turns": ex.turns,
+        "prompt_tokens_mean": sum(n_prompt) / len(n_prompt),
+        "response_tokens": sum(r.n_response for r in ex.rows),
+        "loss_per_epoch": losses,
+        "optimizer_steps": steps_per_epoch * w.epochs,
+        "dtype": learner.precision.dtype,
+        "seconds_rows": t_rows,
+        "seconds": time.time() - t0,
+    }

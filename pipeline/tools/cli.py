@@ -6,6 +6,7 @@ Ray tracebacks (set PRIVY_DEBUG=1 for the full traceback). In a sweep that line 
 point's record instead and the sweep goes on; a point that finished in an earlier run of the same
 sweep is skipped, one with a checkpoint resumed (pipeline/tools/sweep.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -104,7 +105,9 @@ def summary_line(history: list[dict], run_dir) -> str:
     last = history[-1] if history else {}
     line = f"privy-rl: done: {len(history)} steps in {run_dir}"
     if "rollout/success" in last:
-        line += f"; last train reward {last.get('rollout/reward', float('nan')):.3f}, success {last['rollout/success']:.3f}"
+        line += (
+            f"; last train reward {last.get('rollout/reward', float('nan')):.3f}, success {last['rollout/success']:.3f}"
+        )
     rows = read_rows(Path(run_dir))
     val = [(r["step"], r["val/success"]) for r in rows if r.get("val/success") is not None]
     if val:

@@ -1,6 +1,7 @@
 """Fault injection into a live run, for the fault tests and the benchmarks: find an actor's process
 among a driver's descendants, and throttle it (stop it most of the time, as a swapping or
 oversubscribed node would be) without touching the code it runs."""
+
 from __future__ import annotations
 
 import os

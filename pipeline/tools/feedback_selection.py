@@ -14,6 +14,7 @@ An episode that ends without a verdict for the criterion counts as not passed. O
 ``select`` takes the evaluation as a callback, so the rule is testable without a model;
 ``evaluate_with_worker`` is the callback over ``actors.rollout.RolloutWorker``.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,7 +57,8 @@ def load_candidates(path: str | Path) -> dict[str, list[str]]:
     else:
         data = json.loads(text)
     if not isinstance(data, dict) or not all(
-            isinstance(k, str) and isinstance(v, list) and all(isinstance(s, str) for s in v) for k, v in data.items()):
+        isinstance(k, str) and isinstance(v, list) and all(isinstance(s, str) for s in v) for k, v in data.items()
+    ):
         raise ValueError(f"{path}: expected a mapping {{criterion: [feedback strings]}}")
     return {k: list(v) for k, v in data.items()}
 
@@ -69,14 +71,16 @@ def rates(episodes: Sequence[Episode], criteria: Sequence[str]) -> Rates:
     return Rates(passed, sum(bool(ep.won) for ep in episodes) / n, n)
 
 
-def adopt(pass_with: float, pass_without: float, success_with: float, success_without: float,
-          min_gain: float = 0.0) -> bool:
+def adopt(
+    pass_with: float, pass_without: float, success_with: float, success_without: float, min_gain: float = 0.0
+) -> bool:
     """The adoption rule: the criterion's pass rate rises, task success does not fall."""
     return pass_with > pass_without + min_gain and success_with >= success_without
 
 
-def select(candidates: dict[str, list[str]], evaluate: Callable[[str | None], Rates],
-           min_gain: float = 0.0) -> list[Outcome]:
+def select(
+    candidates: dict[str, list[str]], evaluate: Callable[[str | None], Rates], min_gain: float = 0.0
+) -> list[Outcome]:
     """Evaluate the baseline once (``evaluate(None)``) and every candidate string, apply ``adopt``."""
     base = evaluate(None)
     outcomes = []
@@ -84,8 +88,17 @@ def select(candidates: dict[str, list[str]], evaluate: Callable[[str | None], Ra
         for feedback in strings:
             r = evaluate(feedback)
             pw, pwo = r.passed.get(criterion, 0.0), base.passed.get(criterion, 0.0)
-            outcomes.append(Outcome(criterion, feedback, pw, pwo, r.success, base.success,
-                                    adopt(pw, pwo, r.success, base.success, min_gain)))
+            outcomes.append(
+                Outcome(
+                    criterion,
+                    feedback,
+                    pw,
+                    pwo,
+                    r.success,
+                    base.success,
+                    adopt(pw, pwo, r.success, base.success, min_gain),
+                )
+            )
     return outcomes
 
 
@@ -104,16 +117,21 @@ def markdown_table(outcomes: Sequence[Outcome], n_tasks: int | None = None) -> s
     lines = []
     if n_tasks is not None:
         lines += [f"Feedback selection over {n_tasks} tasks (one episode each).", ""]
-    lines += ["| criterion | feedback | pass with | pass without | success with | success without | adopted |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "| criterion | feedback | pass with | pass without | success with | success without | adopted |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for o in outcomes:
-        lines.append(f"| {cell(o.criterion)} | {cell(o.feedback)} | {o.pass_with:.3f} | {o.pass_without:.3f} | "
-                     f"{o.success_with:.3f} | {o.success_without:.3f} | {'yes' if o.adopted else 'no'} |")
+        lines.append(
+            f"| {cell(o.criterion)} | {cell(o.feedback)} | {o.pass_with:.3f} | {o.pass_without:.3f} | "
+            f"{o.success_with:.3f} | {o.success_without:.3f} | {'yes' if o.adopted else 'no'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(out_dir: str | Path, candidates: dict[str, list[str]], outcomes: Sequence[Outcome],
-                  n_tasks: int | None = None) -> tuple[Path, Path]:
+def write_outputs(
+    out_dir: str | Path, candidates: dict[str, list[str]], outcomes: Sequence[Outcome], n_tasks: int | None = None
+) -> tuple[Path, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     adopted_path, table_path = out / "adopted.json", out / "feedback_selection.md"
@@ -129,42 +147,88 @@ def feedback_view(feedback: str) -> FeedbackView:
     return FeedbackView(feedback={0: [feedback]})
 
 
-def evaluate_with_worker(worker, criteria: Sequence[str], n_tasks: int, *, split: str = "train",
-                         temperature: float = 0.0, sample_seed: int = 0) -> Callable[[str | None], Rates]:
+def evaluate_with_worker(
+    worker,
+    criteria: Sequence[str],
+    n_tasks: int,
+    *,
+    split: str = "train",
+    temperature: float = 0.0,
+    sample_seed: int = 0,
+) -> Callable[[str | None], Rates]:
     """The ``select`` callback: one episode (``group_size`` 1) per task seed ``0..n_tasks-1``."""
 
     def evaluate(feedback: str | None) -> Rates:
         view = None if feedback is None else feedback_view(feedback)
         episodes = []
         for seed in range(n_tasks):
-            group = worker.run_group(task_seed=seed, split=split, group_size=1, temperature=temperature,
-                                     sample_seed=sample_seed + seed, view=view)
+            group = worker.run_group(
+                task_seed=seed,
+                split=split,
+                group_size=1,
+                temperature=temperature,
+                sample_seed=sample_seed + seed,
+                view=view,
+            )
             episodes.extend(group.episodes)
         return rates(episodes, criteria)
 
     return evaluate
 
 
-def run(*, env: str, candidates: dict[str, list[str]], n_tasks: int, model: str, out_dir: str | Path,
-        env_options: dict | None = None, split: str = "train", temperature: float = 0.0, max_new_tokens: int = 48,
-        history_length: int = 2, sample_seed: int = 0, min_gain: float = 0.0, precision: str = "auto",
-        max_prompt_tokens: int = 1536, engine=None) -> list[Outcome]:
+def run(
+    *,
+    env: str,
+    candidates: dict[str, list[str]],
+    n_tasks: int,
+    model: str,
+    out_dir: str | Path,
+    env_options: dict | None = None,
+    split: str = "train",
+    temperature: float = 0.0,
+    max_new_tokens: int = 48,
+    history_length: int = 2,
+    sample_seed: int = 0,
+    min_gain: float = 0.0,
+    precision: str = "auto",
+    max_prompt_tokens: int = 1536,
+    engine=None,
+) -> list[Outcome]:
     """Build the HF engine + rollout worker, run the selection, write the outputs."""
     from actors.rollout import RolloutWorker
     from pipeline.core.config import EnvConfig, RolloutConfig
     from pipeline.models import resolve_model
 
     path = str(resolve_model(model))
-    rcfg = RolloutConfig(engine="hf", group_size=1, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
-                         temperature=temperature, precision=precision)
+    rcfg = RolloutConfig(
+        engine="hf",
+        group_size=1,
+        max_new_tokens=max_new_tokens,
+        max_prompt_tokens=max_prompt_tokens,
+        temperature=temperature,
+        precision=precision,
+    )
     ecfg = EnvConfig(name=env, history_length=history_length, options=dict(env_options or {}))
     worker = RolloutWorker(rcfg, ecfg, path, engine=engine)  # engine=None: the HF engine at `precision`
-    evaluate = evaluate_with_worker(worker, list(candidates), n_tasks, split=split, temperature=temperature,
-                                    sample_seed=sample_seed)
+    evaluate = evaluate_with_worker(
+        worker, list(candidates), n_tasks, split=split, temperature=temperature, sample_seed=sample_seed
+    )
     outcomes = select(candidates, evaluate, min_gain)
     write_outputs(out_dir, candidates, outcomes, n_tasks)
     return outcomes
 
 
-__all__ = ["Outcome", "Rates", "adopt", "adopted_map", "evaluate_with_worker", "feedback_view", "load_candidates",
-           "markdown_table", "rates", "run", "select", "write_outputs"]
+__all__ = [
+    "Outcome",
+    "Rates",
+    "adopt",
+    "adopted_map",
+    "evaluate_with_worker",
+    "feedback_view",
+    "load_candidates",
+    "markdown_table",
+    "rates",
+    "run",
+    "select",
+    "write_outputs",
+]

@@ -1,5 +1,6 @@
 """Curves of a run (metrics.jsonl) drawn to PNG: reward, success, validation, valid actions,
 entropy, clip fraction, KL, grad norm, timings, and every method metric that was logged."""
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.tight_layout()
     out = Path(out) if out else Path(run_dir) / "curves.png"
@@ -59,6 +60,6 @@ def try_plot(run_dir: str | Path) -> Path | None:
     """Plot if there is anything to plot; a plotting failure never fails a finished run."""
     try:
         return plot_run(run_dir)
-    except Exception as e:  # noqa: BLE001 - report and go on
+    except Exception as e:  # report and go on
         print(f"privy-rl: plotting skipped: {e}")
         return None

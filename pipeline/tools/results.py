@@ -21,6 +21,7 @@ stored table does not follow from its runs or a doc's block differs from its fol
 A point named ``start_s<seed>`` is the starting model evaluated without training
 (``trainer.total_steps=0``: the warm start's clone): the "test - start" column is the gain over it.
 """
+
 from __future__ import annotations
 
 import json
@@ -114,8 +115,11 @@ def _paired_columns(name: str, runs: list[Run], base: dict[int, Run], split: str
     if not ok:
         return {f"test - {name}": "", f"test - {name}, by task": "", f"seeds +/=/- {name}": ""}
     d = paired_interval([x for x, *_ in ok], [y for _, y, *_ in ok])
-    p = "" if d.p_value is None else (" p<0.001" if d.p_value < 0.001 else f" p={d.p_value:.3f}" if d.p_value < 0.01
-                                      else f" p={d.p_value:.2f}")
+    p = (
+        ""
+        if d.p_value is None
+        else (" p<0.001" if d.p_value < 0.001 else f" p={d.p_value:.3f}" if d.p_value < 0.01 else f" p={d.p_value:.2f}")
+    )
     oa = [r.test_outcomes(split) for *_, r, _ in ok]
     ob = [s.test_outcomes(split) for *_, s in ok]
     by_task = ""
@@ -134,9 +138,13 @@ def learning_tables(runs: list[Run], baseline: str = "grpo", split: str = TEST_S
     (``trainer.final_val_splits``). Every cell is a string, formatted here once."""
     key = f"final/{split}/success"
     first = [r for r in runs if r.repeat == 1]
-    methods = list(dict.fromkeys([START] * any(r.method == START for r in first) +
-                                 [baseline] * any(r.method == baseline for r in first) +
-                                 [r.method for r in first]))
+    methods = list(
+        dict.fromkeys(
+            [START] * any(r.method == START for r in first)
+            + [baseline] * any(r.method == baseline for r in first)
+            + [r.method for r in first]
+        )
+    )
     by_method = {m: sorted((r for r in first if r.method == m), key=lambda r: r.seed) for m in methods}
     base = {r.seed: r for r in by_method.get(baseline, [])}
     start = by_method.get(START, [])
@@ -144,9 +152,13 @@ def learning_tables(runs: list[Run], baseline: str = "grpo", split: str = TEST_S
     for m in methods:
         rs = by_method[m]
         tests = [r.last(key) for r in rs]
-        row = {"method": m, "runs": str(len(rs)),
-               f"{split} success": mean_interval([t for t in tests if t is not None]).clipped(0.0, 1.0).text()
-               if any(t is not None for t in tests) else ""}
+        row = {
+            "method": m,
+            "runs": str(len(rs)),
+            f"{split} success": mean_interval([t for t in tests if t is not None]).clipped(0.0, 1.0).text()
+            if any(t is not None for t in tests)
+            else "",
+        }
         if m not in (baseline, START) and base:
             row.update(_paired_columns(baseline, rs, base, split))
         elif base:
@@ -157,13 +169,20 @@ def learning_tables(runs: list[Run], baseline: str = "grpo", split: str = TEST_S
         elif start:
             row.update({f"test - {START}": "", f"test - {START}, by task": "", f"seeds +/=/- {START}": ""})
         curves = [r.val_curve() for r in rs]
-        row["valid: start -> end"] = (f"{_fmt(_mean([c[min(c)] for c in curves if c]))} -> "
-                                      f"{_fmt(_mean([c[max(c)] for c in curves if c]))}") if any(curves) else ""
+        row["valid: start -> end"] = (
+            (f"{_fmt(_mean([c[min(c)] for c in curves if c]))} -> {_fmt(_mean([c[max(c)] for c in curves if c]))}")
+            if any(curves)
+            else ""
+        )
         row["teacher |gap|"] = _fmt(_mean([r.run_mean("teacher/gap_abs_mean") for r in rs]))
         row["noise |gap|"] = _fmt(_mean([r.run_mean("noise/gap_abs_mean") for r in rs]))
-        row["teacher / noise negative-gap fraction"] = " / ".join(
-            _fmt(_mean([r.run_mean(f"{p}/negative_gap_fraction") for r in rs]), 2) for p in ("teacher", "noise")
-        ) if any(r.run_mean("teacher/negative_gap_fraction") is not None for r in rs) else ""
+        row["teacher / noise negative-gap fraction"] = (
+            " / ".join(
+                _fmt(_mean([r.run_mean(f"{p}/negative_gap_fraction") for r in rs]), 2) for p in ("teacher", "noise")
+            )
+            if any(r.run_mean("teacher/negative_gap_fraction") is not None for r in rs)
+            else ""
+        )
         row["privilege gap (valid)"] = _fmt(_mean([r.run_mean("val/privilege_gap") for r in rs]))
         row["distill KL"] = _fmt(_mean([_suffix_mean(r, "/kl") for r in rs]), 4)
         row["minutes per run"] = _fmt(_mean([r.seconds / 60 if r.seconds else None for r in rs]), 1)
@@ -171,11 +190,18 @@ def learning_tables(runs: list[Run], baseline: str = "grpo", split: str = TEST_S
     pairs = []  # every two methods trained at the same seeds, the later in the table minus the earlier
     trained = [m for m in methods if m != START]
     for i, b in enumerate(trained):
-        for a in trained[i + 1:]:
+        for a in trained[i + 1 :]:
             cols = _paired_columns("b", by_method[a], {r.seed: r for r in by_method[b]}, split)
             if cols["test - b"]:
-                pairs.append({"a": a, "b": b, f"{split}: a - b": cols["test - b"],
-                              "by task": cols["test - b, by task"], "seeds +/=/-": cols["seeds +/=/- b"]})
+                pairs.append(
+                    {
+                        "a": a,
+                        "b": b,
+                        f"{split}: a - b": cols["test - b"],
+                        "by task": cols["test - b, by task"],
+                        "seeds +/=/-": cols["seeds +/=/- b"],
+                    }
+                )
     repeats = []
     for r2 in (r for r in runs if r.repeat > 1):
         r1 = next((r for r in first if r.method == r2.method and r.seed == r2.seed), None)
@@ -183,9 +209,16 @@ def learning_tables(runs: list[Run], baseline: str = "grpo", split: str = TEST_S
         if t1 is None or t2 is None:
             continue
         seeds = [t for r in by_method.get(r2.method, []) if (t := r.last(key)) is not None]
-        repeats.append({"method": r2.method, "seed": str(r2.seed), "test, run 1": _fmt(t1),
-                        f"test, run {r2.repeat}": _fmt(t2), "same-seed difference": _fmt(abs(t1 - t2)),
-                        "std over seeds": _fmt(statistics.stdev(seeds)) if len(seeds) > 1 else ""})
+        repeats.append(
+            {
+                "method": r2.method,
+                "seed": str(r2.seed),
+                "test, run 1": _fmt(t1),
+                f"test, run {r2.repeat}": _fmt(t2),
+                "same-seed difference": _fmt(abs(t1 - t2)),
+                "std over seeds": _fmt(statistics.stdev(seeds)) if len(seeds) > 1 else "",
+            }
+        )
     keep = ("method", "runs", f"{split} success", f"test - {baseline}", f"seeds +/=/- {baseline}", f"test - {START}")
     summary = [{k: v for k, v in row.items() if k in keep} for row in table]
     return {"table": table, "summary": summary, "pairs": pairs, "repeats": repeats}
@@ -221,10 +254,21 @@ def machine() -> dict:
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     flags = set(re.search(r"^flags\s*:\s*(.*)$", info, re.M).group(1).split()) if "flags" in info else set()
     model = re.search(r"^model name\s*:\s*(.*)$", info, re.M)
-    kind = ("avx512_bf16" if "avx512_bf16" in flags else "AVX-512 without bf16" if "avx512f" in flags
-            else "AVX2 only" if "avx2" in flags else "unknown")
-    return {"cpu_model": model.group(1).strip() if model else "unknown", "cpu_kind": kind,
-            "amx_bf16": "amx_bf16" in flags, "cores": info.count("processor\t:") or None}
+    kind = (
+        "avx512_bf16"
+        if "avx512_bf16" in flags
+        else "AVX-512 without bf16"
+        if "avx512f" in flags
+        else "AVX2 only"
+        if "avx2" in flags
+        else "unknown"
+    )
+    return {
+        "cpu_model": model.group(1).strip() if model else "unknown",
+        "cpu_kind": kind,
+        "amx_bf16": "amx_bf16" in flags,
+        "cores": info.count("processor\t:") or None,
+    }
 
 
 def git_commit(root: Path) -> dict:

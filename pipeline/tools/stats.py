@@ -16,6 +16,7 @@ A run's test success is one number per training seed; the seeds are the replicat
 
 Inputs are plain lists; nothing here reads files.
 """
+
 from __future__ import annotations
 
 import math
@@ -85,21 +86,30 @@ def paired_interval(a: list[float], b: list[float]) -> Interval:
     return Interval(float(d.mean()), _finite(ci.low), _finite(ci.high), int(d.size), float(res.pvalue))
 
 
-def task_bootstrap_interval(a: list[list[float]], b: list[list[float]], *, seed: int = 0,
-                            n_resamples: int = 10_000) -> Interval:
+def task_bootstrap_interval(
+    a: list[list[float]], b: list[list[float]], *, seed: int = 0, n_resamples: int = 10_000
+) -> Interval:
     """``a[s][t]``, ``b[s][t]``: outcome of task t at seed s. The mean paired difference, with a 95%
     BCa bootstrap interval over tasks of the per-task difference averaged over seeds."""
     from scipy import stats
 
     A, B = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if A.shape != B.shape or A.ndim != 2 or A.shape[1] < 2:
-        raise ValueError(f"task_bootstrap_interval: outcome matrices {A.shape} and {B.shape}; "
-                         "[seeds][tasks] of one shape, >= 2 tasks")
+        raise ValueError(
+            f"task_bootstrap_interval: outcome matrices {A.shape} and {B.shape}; "
+            "[seeds][tasks] of one shape, >= 2 tasks"
+        )
     per_task = (A - B).mean(axis=0)
     if np.all(per_task == per_task[0]):
         m = float(per_task[0])
         return Interval(m, m, m, int(per_task.size))
-    res = stats.bootstrap((per_task,), np.mean, confidence_level=CONFIDENCE, n_resamples=n_resamples,
-                          method="BCa", rng=np.random.default_rng(seed))
+    res = stats.bootstrap(
+        (per_task,),
+        np.mean,
+        confidence_level=CONFIDENCE,
+        n_resamples=n_resamples,
+        method="BCa",
+        rng=np.random.default_rng(seed),
+    )
     ci = res.confidence_interval
     return Interval(float(per_task.mean()), _finite(ci.low), _finite(ci.high), int(per_task.size))

@@ -15,6 +15,7 @@
 ``scripts/submit.sh`` job per point under DIR): the swept keys are then the config values that
 differ between the runs.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,6 +39,7 @@ UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 
 
 # ----- swept keys and point names ----------------------------------------------------------------
+
 
 def _parse(overrides: Sequence[str]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -73,7 +75,7 @@ def point_dirname(num: int, values: dict[str, str]) -> str:
     if len(name) <= MAX_NAME:
         return name
     digest = hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:10]
-    return f"{name[:MAX_NAME - len(digest) - 1]}-{digest}"
+    return f"{name[: MAX_NAME - len(digest) - 1]}-{digest}"
 
 
 def _point_subdir(sweep_dir: str, num: Any, overrides: Sequence[str]) -> str:
@@ -88,6 +90,7 @@ OmegaConf.register_new_resolver("privy_point_dir", _point_subdir, replace=True)
 
 
 # ----- the sweep's manifest ----------------------------------------------------------------------
+
 
 def sweep_overrides(config) -> list[str]:
     """The task overrides of the sweep command, and the sweeper's ``params`` (sweeps declared in
@@ -112,9 +115,11 @@ def check_manifest(sweep_dir: Path, overrides: list[str]) -> list[str]:
             gone = " ".join(o for o in old if o not in now)
             new = " ".join(o for o in now if o not in old)
             diff = "; ".join(([f"its command had {gone}"] if gone else []) + ([f"this one has {new}"] if new else []))
-            raise ValueError(f"hydra.sweep.dir={sweep_dir} holds another sweep "
-                             f"({diff or 'its command had the same overrides in another order'}): rerun its "
-                             f"command ({MANIFEST} there), or name a new sweep (sweep.name=...)")
+            raise ValueError(
+                f"hydra.sweep.dir={sweep_dir} holds another sweep "
+                f"({diff or 'its command had the same overrides in another order'}): rerun its "
+                f"command ({MANIFEST} there), or name a new sweep (sweep.name=...)"
+            )
     keys = swept_keys(overrides)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"overrides": overrides, "swept": keys}, indent=1))
@@ -122,6 +127,7 @@ def check_manifest(sweep_dir: Path, overrides: list[str]) -> list[str]:
 
 
 # ----- one point's record ------------------------------------------------------------------------
+
 
 class PointRecord:
     """``sweep_point.json`` of a point's directory: status (running | done | failed | stopped),
@@ -166,6 +172,7 @@ class PointRecord:
 
 # ----- collecting the points ---------------------------------------------------------------------
 
+
 def _overrides_of(point_dir: Path) -> list[str]:
     path = point_dir / ".hydra" / "overrides.yaml"
     return list(yaml.safe_load(path.read_text()) or []) if path.exists() else []
@@ -181,8 +188,16 @@ def collect(sweep_dir: Path, keys: Sequence[str], metric: str) -> list[Point]:
         metrics = run_metrics(read_rows(d), metric)
         if "seconds" in state:
             metrics["wall_s"] = state["seconds"]
-        points.append(Point(d.name, point_values(overrides, keys), state.get("status", ""),
-                            overrides, state.get("error", ""), metrics))
+        points.append(
+            Point(
+                d.name,
+                point_values(overrides, keys),
+                state.get("status", ""),
+                overrides,
+                state.get("error", ""),
+                metrics,
+            )
+        )
     return points
 
 
@@ -203,8 +218,12 @@ def collect_runs(root: Path, metric: str) -> tuple[list[str], list[Point]]:
     """Run dirs under ``root`` that are not one multirun: the swept keys are the config values
     that differ between their config.yaml files; a run without summary.json is unfinished."""
     runs = sorted(d for d in root.iterdir() if (d / "config.yaml").is_file())
-    flat = {d: {k: v for k, v in _flatten(yaml.safe_load((d / "config.yaml").read_text())).items()
-                if k not in IGNORED_DIFFS} for d in runs}
+    flat = {
+        d: {
+            k: v for k, v in _flatten(yaml.safe_load((d / "config.yaml").read_text())).items() if k not in IGNORED_DIFFS
+        }
+        for d in runs
+    }
     all_keys = list(dict.fromkeys(k for f in flat.values() for k in f))
     keys = [k for k in all_keys if len({f.get(k, "") for f in flat.values()}) > 1]
     points = []
@@ -213,12 +232,19 @@ def collect_runs(root: Path, metric: str) -> tuple[list[str], list[Point]]:
         metrics = run_metrics(read_rows(d), metric)
         if summary is not None:
             metrics["wall_s"] = summary["seconds"]
-        points.append(Point(d.name, {k: flat[d].get(k, "") for k in keys},
-                            "done" if summary is not None else "unfinished", metrics=metrics))
+        points.append(
+            Point(
+                d.name,
+                {k: flat[d].get(k, "") for k in keys},
+                "done" if summary is not None else "unfinished",
+                metrics=metrics,
+            )
+        )
     return keys, points
 
 
 # ----- the callback ------------------------------------------------------------------------------
+
 
 def _settings(config) -> Settings:
     from pipeline.core.config import SweepConfig, validate_sweep
@@ -254,8 +280,11 @@ class SweepSummary(Callback):
         report = write_report(sweep_dir, points, keys, settings, common, sweeps)
         print(f"privy-rl: sweep summary of {report.points} points: {report.markdown}", flush=True)
         if report.failed:
-            _exit(f"sweep: {report.failed} of {report.points} points did not finish (their errors are in "
-                  f"{report.markdown})", 1)
+            _exit(
+                f"sweep: {report.failed} of {report.points} points did not finish (their errors are in "
+                f"{report.markdown})",
+                1,
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

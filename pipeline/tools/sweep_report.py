@@ -4,6 +4,7 @@ Pure functions over the points' records (files in, files out; no Hydra, no Ray),
 sweep can be summarised again and the tables are testable on their own. ``pipeline/tools/sweep.py``
 finds the points and calls ``write_report`` when a multirun ends.
 """
+
 from __future__ import annotations
 
 import csv
@@ -19,8 +20,12 @@ from typing import Any, Sequence
 FINAL = ["val/success", "rollout/reward", "rollout/success"]
 BEST = "best val/success"
 BASE_COLUMNS = ["val/success", BEST, "rollout/reward", "rollout/success", "steps", "wall_s"]
-DIAGNOSTICS = {"gate_mean": "/gate_mean", "retire_step": "/retire_step",
-               "privilege_gap": "val/privilege_gap", "shaping_abs_mean": "/shaping_abs_mean"}
+DIAGNOSTICS = {
+    "gate_mean": "/gate_mean",
+    "retire_step": "/retire_step",
+    "privilege_gap": "val/privilege_gap",
+    "shaping_abs_mean": "/shaping_abs_mean",
+}
 
 
 @dataclass
@@ -44,6 +49,7 @@ class Settings:
 
 # ----- one run's numbers -------------------------------------------------------------------------
 
+
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     """metrics.jsonl, one row per step. A resumed run logs again the steps after its checkpoint:
     the later row of a step wins."""
@@ -58,12 +64,16 @@ def read_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 def final_split_success(row: dict[str, Any]) -> dict[str, float]:
     """{split: success} of the trainer.final_val_splits a metrics row holds (``final/<split>/success``)."""
-    return {k.split("/")[1]: v for k, v in row.items()
-            if k.startswith("final/") and k.count("/") == 2 and k.endswith("/success")}
+    return {
+        k.split("/")[1]: v
+        for k, v in row.items()
+        if k.startswith("final/") and k.count("/") == 2 and k.endswith("/success")
+    }
 
 
 def run_metrics(rows: list[dict[str, Any]], metric: str) -> dict[str, float]:
     """Final values (the last logged), the best val/success, the last step, the diagnostics."""
+
     def final(key: str) -> float | None:
         vals = [r[key] for r in rows if r.get(key) is not None]
         return vals[-1] if vals else None
@@ -79,6 +89,7 @@ def run_metrics(rows: list[dict[str, Any]], metric: str) -> dict[str, float]:
 
 
 # ----- names and order ---------------------------------------------------------------------------
+
 
 def column_names(keys: Sequence[str]) -> dict[str, str]:
     """A column per swept key: its last component (``method.beta`` -> ``beta``), the whole key
@@ -106,6 +117,7 @@ def metric_columns(points: Sequence[Point], metric: str) -> list[str]:
 
 
 # ----- aggregation -------------------------------------------------------------------------------
+
 
 @dataclass
 class Group:
@@ -138,6 +150,7 @@ def aggregate(points: Sequence[Point], keys: Sequence[str], over: Sequence[str])
 
 def rank(items: list, score, goal: str) -> list:
     """Sorted best first by ``score`` (None last)."""
+
     def key(item) -> tuple[bool, float]:
         s = score(item)
         return s is None, 0.0 if s is None else (-s if goal == "max" else s)
@@ -150,6 +163,7 @@ def _group_mean(metric: str):
 
 
 # ----- tables ------------------------------------------------------------------------------------
+
 
 def _fmt(v: Any) -> str:
     if v is None:
@@ -184,8 +198,9 @@ def points_table(points: Sequence[Point], keys: Sequence[str], settings: Setting
     return rows
 
 
-def groups_table(groups: Sequence[Group], keys: Sequence[str], settings: Settings,
-                 points: Sequence[Point]) -> list[dict[str, str]]:
+def groups_table(
+    groups: Sequence[Group], keys: Sequence[str], settings: Settings, points: Sequence[Point]
+) -> list[dict[str, str]]:
     """The aggregate table: mean ± std and n per group, best first."""
     names = column_names(keys)
     cols = metric_columns(points, settings.metric)
@@ -206,8 +221,9 @@ def _markdown(rows: list[dict[str, str]]) -> list[str]:
         return []
     keys = list(rows[0])
     esc = lambda s: s.replace("|", "\\|")  # noqa: E731
-    return (["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-            + ["| " + " | ".join(esc(r[k]) for k in keys) + " |" for r in rows])
+    return ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)] + [
+        "| " + " | ".join(esc(r[k]) for k in keys) + " |" for r in rows
+    ]
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -225,8 +241,14 @@ class Report:
     plot: Path | None
 
 
-def write_report(sweep_dir: Path, points: Sequence[Point], keys: Sequence[str], settings: Settings,
-                 common: Sequence[str] = (), sweeps: Sequence[str] = ()) -> Report:
+def write_report(
+    sweep_dir: Path,
+    points: Sequence[Point],
+    keys: Sequence[str],
+    settings: Settings,
+    common: Sequence[str] = (),
+    sweeps: Sequence[str] = (),
+) -> Report:
     """``sweep_summary.md``, ``sweep_summary.csv`` (one row per point, with its full overrides),
     when a key of ``settings.aggregate`` is swept ``sweep_summary_aggregate.csv``, and
     ``sweep_summary.png``. ``common``: the overrides every point shares; ``sweeps``: the sweep's
@@ -235,9 +257,13 @@ def write_report(sweep_dir: Path, points: Sequence[Point], keys: Sequence[str], 
     groups = aggregate(points, keys, over)
     failed = sum(p.status != "done" for p in points)
     better = "higher" if settings.goal == "max" else "lower"
-    md = [f"# Sweep {sweep_dir.name}", "",
-          f"{len(points)} points, {len(points) - failed} done, {failed} not done. Primary metric: "
-          f"the final `{settings.metric}` ({better} is better).", ""]
+    md = [
+        f"# Sweep {sweep_dir.name}",
+        "",
+        f"{len(points)} points, {len(points) - failed} done, {failed} not done. Primary metric: "
+        f"the final `{settings.metric}` ({better} is better).",
+        "",
+    ]
     if common:
         md += ["Every point: `" + " ".join(common) + "`", ""]
     if sweeps:
@@ -251,8 +277,7 @@ def write_report(sweep_dir: Path, points: Sequence[Point], keys: Sequence[str], 
     by_name = {p.name: p for p in points}
     if keys:
         md += ["## The swept values of each point", ""]
-        md += [f"- `{r['job']}`: `{' '.join(f'{k}={v}' for k, v in by_name[r['job']].values.items())}`"
-               for r in rows]
+        md += [f"- `{r['job']}`: `{' '.join(f'{k}={v}' for k, v in by_name[r['job']].values.items())}`" for r in rows]
         md.append("")
     for r in rows:
         r["overrides"] = " ".join(by_name[r["job"]].overrides)
@@ -277,6 +302,7 @@ def _aggregate_csv(groups, keys, settings, points) -> list[dict[str, Any]]:
 
 
 # ----- the plot ----------------------------------------------------------------------------------
+
 
 def _axis(values: Sequence[str]) -> tuple[list[float], bool] | None:
     """Numeric x positions and whether a log axis suits them (positive, spanning 10x), or None."""
@@ -315,13 +341,21 @@ def plot_sweep(path: Path, points: Sequence[Point], keys: Sequence[str], setting
         for g in groups:
             lines.setdefault(tuple(g.values.get(k, "") for k in rest), []).append(g)
         for combo, gs in sorted(lines.items(), key=lambda kv: [_value_order(v) for v in kv[0]]):
-            pts = sorted(((pos[g.values.get(xk, "")], g.stats(settings.metric)) for g in gs if g.stats(settings.metric)),
-                         key=lambda t: t[0])
+            pts = sorted(
+                ((pos[g.values.get(xk, "")], g.stats(settings.metric)) for g in gs if g.stats(settings.metric)),
+                key=lambda t: t[0],
+            )
             if not pts:
                 continue
             label = " ".join(f"{names[k]}={v}" for k, v in zip(rest, combo)) or settings.metric
-            ax.errorbar([x for x, _ in pts], [s[0] for _, s in pts], yerr=[s[1] for _, s in pts],
-                        marker="o", capsize=3, label=label)
+            ax.errorbar(
+                [x for x, _ in pts],
+                [s[0] for _, s in pts],
+                yerr=[s[1] for _, s in pts],
+                marker="o",
+                capsize=3,
+                label=label,
+            )
         if axis and axis[1]:
             ax.set_xscale("log")
         if not axis:

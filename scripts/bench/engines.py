@@ -8,6 +8,7 @@ timed calls after one warm-up call), the seconds of one in-place weight reload, 
 vllm/hf per batch size. Runs only where vLLM is installed (.venv-vllm on CPU: ``make setup-vllm``).
 Timings on a shared 2-core machine are noisy: run it alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,16 +20,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipeline.models import resolve_model  # noqa: E402
+from pipeline.models import resolve_model
 
 
 def _prompts(tok, n: int) -> list[list[int]]:
-    tasks = ["Put a clean mug on the coffee table.", "Find two apples and put them in the fridge.",
-             "Heat a potato and put it on the counter.", "Look at the book under the desk lamp."]
+    tasks = [
+        "Put a clean mug on the coffee table.",
+        "Find two apples and put them in the fridge.",
+        "Heat a potato and put it on the counter.",
+        "Look at the book under the desk lamp.",
+    ]
     out = []
     for i in range(n):
-        ids = tok.apply_chat_template([{"role": "user", "content": tasks[i % len(tasks)]}],
-                                      add_generation_prompt=True, tokenize=True)
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": tasks[i % len(tasks)]}], add_generation_prompt=True, tokenize=True
+        )
         out.append(list(ids["input_ids"] if not isinstance(ids, list) else ids))
     return out
 
@@ -66,23 +72,27 @@ def main() -> int:
 
     dtype = choose_precision(args.precision).dtype
     result: dict = {"model": args.model, "dtype": dtype, "new_tokens": args.new_tokens}
-    engines = {"hf": lambda: HFEngine.from_pretrained(path, dtype=dtype),
-               "vllm": lambda: VLLMEngine(path, dtype=dtype, max_model_len=1024, kv_cache_gb=2)}
+    engines = {
+        "hf": lambda: HFEngine.from_pretrained(path, dtype=dtype),
+        "vllm": lambda: VLLMEngine(path, dtype=dtype, max_model_len=1024, kv_cache_gb=2),
+    }
     for name, build in engines.items():
         t0 = time.perf_counter()
         engine = build()
         row = {"init_s": round(time.perf_counter() - t0, 2)}
         for b in args.batch:
-            row[f"tok_per_s_b{b}"] = round(_throughput(engine, _prompts(engine.tokenizer, b),
-                                                       args.new_tokens, args.reps), 1)
+            row[f"tok_per_s_b{b}"] = round(
+                _throughput(engine, _prompts(engine.tokenizer, b), args.new_tokens, args.reps), 1
+            )
         from pipeline.models import load_model
 
         sd = load_model(path, "float32").state_dict()
         row["reload_s"] = round(_reload_seconds(engine, sd), 3)
         result[name] = row
         del engine
-    result["vllm_over_hf"] = {f"b{b}": round(result["vllm"][f"tok_per_s_b{b}"] / result["hf"][f"tok_per_s_b{b}"], 2)
-                              for b in args.batch}
+    result["vllm_over_hf"] = {
+        f"b{b}": round(result["vllm"][f"tok_per_s_b{b}"] / result["hf"][f"tok_per_s_b{b}"], 2) for b in args.batch
+    }
     print(json.dumps(result, indent=1))
     return 0
 

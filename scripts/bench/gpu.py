@@ -30,6 +30,7 @@ Prints one JSON object (and writes ``gpu_bench.json`` to ``--out``):
   the defaults.
 Run it alone on the machine; on a shared 2-core CPU the numbers vary by up to 4x (NOTES.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,9 +44,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_attention_heads=9,
-                     num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rope_theta=100_000.0,
-                     rms_norm_eps=1e-5, tie_word_embeddings=True)
+SMOLLM2_SHAPE = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rope_theta=100_000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
 
 
 def build_model(out: Path, layers: int) -> Path:
@@ -55,8 +65,14 @@ def build_model(out: Path, layers: int) -> Path:
     from pipeline.models.tiny import byte_tokenizer
 
     tok = byte_tokenizer()
-    config = LlamaConfig(num_hidden_layers=layers, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id, dtype="float32", **SMOLLM2_SHAPE)
+    config = LlamaConfig(
+        num_hidden_layers=layers,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        dtype="float32",
+        **SMOLLM2_SHAPE,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(out)
     tok.save_pretrained(out)
@@ -77,8 +93,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bench_generate(path: Path, device: str, batches: list[int], prompt_len: int, new_tokens: int,
-                   reps: int) -> dict:
+def bench_generate(path: Path, device: str, batches: list[int], prompt_len: int, new_tokens: int, reps: int) -> dict:
     import torch
 
     from actors.engines.hf import HFEngine
@@ -86,8 +101,13 @@ def bench_generate(path: Path, device: str, batches: list[int], prompt_len: int,
 
     precision = choose_precision("auto", device).dtype
     engine = HFEngine.from_pretrained(path, dtype=precision, device=device)
-    out = {"precision": precision, "prompt_len": prompt_len, "new_tokens": new_tokens, "tokens_per_s": {},
-           "completions_per_s": {}}
+    out = {
+        "precision": precision,
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+        "tokens_per_s": {},
+        "completions_per_s": {},
+    }
     for b in batches:
         prompts = _prompts(b, prompt_len, SMOLLM2_SHAPE["vocab_size"], seed=b)
         engine.generate(prompts, max_new_tokens=new_tokens, temperature=1.0, seed=0)  # warm-up
@@ -111,8 +131,7 @@ def bench_generate(path: Path, device: str, batches: list[int], prompt_len: int,
 def bench_score(path: Path, device: str, rows: int, prompt_len: int, response_len: int, reps: int) -> dict:
     from actors.scorer import TeacherScorerWorker
 
-    scorer = TeacherScorerWorker(str(path), temperature=1.0, micro_batch_tokens=16384, precision="auto",
-                                 device=device)
+    scorer = TeacherScorerWorker(str(path), temperature=1.0, micro_batch_tokens=16384, precision="auto", device=device)
     vocab = SMOLLM2_SHAPE["vocab_size"]
     items = list(zip(_prompts(rows, prompt_len, vocab, 1), _prompts(rows, response_len, vocab, 2)))
     scorer.score(items)  # warm-up
@@ -124,8 +143,12 @@ def bench_score(path: Path, device: str, rows: int, prompt_len: int, response_le
         _sync(device)
         times.append(time.perf_counter() - t0)
     sec = statistics.median(times)
-    return {"precision": scorer.precision.dtype, "rows": rows, "seconds": round(sec, 4),
-            "response_tokens_per_s": round(rows * response_len / sec, 1)}
+    return {
+        "precision": scorer.precision.dtype,
+        "rows": rows,
+        "seconds": round(sec, 4),
+        "response_tokens_per_s": round(rows * response_len / sec, 1),
+    }
 
 
 def _train_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int):
@@ -140,13 +163,27 @@ def _train_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed
     resp[:, prompt_len:] = 1.0
     behaviour = -torch.full((rows, T), 10.8) * resp  # about log(1/vocab): ratios near 1
     adv = torch.randn(rows, 1, generator=g).expand(rows, T) * resp
-    return TrainBatch(input_ids=ids, attention_mask=torch.ones(rows, T, dtype=torch.long), response_mask=resp,
-                      behaviour_logprobs=behaviour, advantages=adv.contiguous(), entropy_coef=0.001,
-                      versions=[0] * rows)
+    return TrainBatch(
+        input_ids=ids,
+        attention_mask=torch.ones(rows, T, dtype=torch.long),
+        response_mask=resp,
+        behaviour_logprobs=behaviour,
+        advantages=adv.contiguous(),
+        entropy_coef=0.001,
+        versions=[0] * rows,
+    )
 
 
-def bench_learn(path: Path, device: str, rows: int, prompt_len: int, response_len: int, steps: int,
-                zero: int, micro_batch_tokens: int) -> dict:
+def bench_learn(
+    path: Path,
+    device: str,
+    rows: int,
+    prompt_len: int,
+    response_len: int,
+    steps: int,
+    zero: int,
+    micro_batch_tokens: int,
+) -> dict:
     import torch
 
     from actors.learner import LearnerWorker, init_process_group_env
@@ -172,13 +209,21 @@ def bench_learn(path: Path, device: str, rows: int, prompt_len: int, response_le
     worker.state_dict_for_sync()
     sync_s = time.perf_counter() - t0
     sec = statistics.median(times[1:])
-    out = {"precision": worker.precision.dtype, "zero_stage": zero, "rows": rows,
-           "tokens_per_step": rows * (prompt_len + response_len), "micro_batch_tokens": micro_batch_tokens,
-           "setup_s": round(setup["learner/setup_seconds"], 2), "first_step_s": round(times[0], 3),
-           "step_s": round(sec, 3), "tokens_per_s": round(rows * (prompt_len + response_len) / sec, 1),
-           "response_tokens_per_s": round(rows * response_len / sec, 1), "rows_per_s": round(rows / sec, 2),
-           "loss_finite": bool(torch.isfinite(torch.tensor(metrics["learner/loss"][0]))),
-           "state_dict_for_sync_s": round(sync_s, 3)}
+    out = {
+        "precision": worker.precision.dtype,
+        "zero_stage": zero,
+        "rows": rows,
+        "tokens_per_step": rows * (prompt_len + response_len),
+        "micro_batch_tokens": micro_batch_tokens,
+        "setup_s": round(setup["learner/setup_seconds"], 2),
+        "first_step_s": round(times[0], 3),
+        "step_s": round(sec, 3),
+        "tokens_per_s": round(rows * (prompt_len + response_len) / sec, 1),
+        "response_tokens_per_s": round(rows * response_len / sec, 1),
+        "rows_per_s": round(rows / sec, 2),
+        "loss_finite": bool(torch.isfinite(torch.tensor(metrics["learner/loss"][0]))),
+        "state_dict_for_sync_s": round(sync_s, 3),
+    }
     if device.startswith("cuda"):
         out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     torch.distributed.destroy_process_group()
@@ -206,22 +251,33 @@ def main() -> None:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu.py: --device cuda, but torch sees no CUDA device")
-    result = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-              "torch": torch.__version__, "layers": args.layers}
+    result = {
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "layers": args.layers,
+    }
     with tempfile.TemporaryDirectory(prefix="privy_gpu_bench_") as tmp:
         path = build_model(Path(tmp) / "model", args.layers)
-        result["generate"] = bench_generate(path, args.device, args.batch, args.prompt_len, args.new_tokens,
-                                            args.reps)
-        result["score"] = bench_score(path, args.device, args.score_rows, args.prompt_len, args.new_tokens,
-                                      args.reps)
-        result["learn"] = bench_learn(path, args.device, args.learn_rows, args.prompt_len, args.new_tokens,
-                                      args.steps, args.zero, args.micro_batch_tokens)
+        result["generate"] = bench_generate(path, args.device, args.batch, args.prompt_len, args.new_tokens, args.reps)
+        result["score"] = bench_score(path, args.device, args.score_rows, args.prompt_len, args.new_tokens, args.reps)
+        result["learn"] = bench_learn(
+            path,
+            args.device,
+            args.learn_rows,
+            args.prompt_len,
+            args.new_tokens,
+            args.steps,
+            args.zero,
+            args.micro_batch_tokens,
+        )
     gen, learn, top = result["generate"], result["learn"], str(max(args.batch))
     result["ratios"] = {
         "vs_generate_batch": int(top),
         "learner_rows_per_sampled_completion": round(learn["rows_per_s"] / gen["completions_per_s"][top], 2),
-        "learner_response_tokens_per_generated_token": round(learn["response_tokens_per_s"]
-                                                             / gen["tokens_per_s"][top], 2)}
+        "learner_response_tokens_per_generated_token": round(
+            learn["response_tokens_per_s"] / gen["tokens_per_s"][top], 2
+        ),
+    }
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

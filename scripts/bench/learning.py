@@ -23,6 +23,7 @@ teacher's log-prob gap and the same teacher's gap with empty context). ``--resul
 the runs' small files, the tables and ``meta.json`` (command, commit, machine) as a result folder
 of docs/results (``scripts/results.py`` rebuilds and checks the docs' tables from it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # before scripts/bench, whose pipeline.py would shadow the package
 
-from pipeline.tools.results import (START, TEST_SPLIT, git_commit, learning_tables, load_run,  # noqa: E402
-                                    store_run, write_meta, write_tables)
+from pipeline.tools.results import (  # noqa: E402
+    START,
+    TEST_SPLIT,
+    git_commit,
+    learning_tables,
+    load_run,
+    store_run,
+    write_meta,
+    write_tables,
+)
 
 # ALFWorld, SmolLM2 from its expert warm start (conf/experiment/alfworld_warm_start.yaml): 10
 # steps, validation before the first step and every 5 on 32 valid_seen tasks, valid_unseen once at
@@ -75,8 +84,13 @@ PRESETS = {
     # validations at 0, 4 and 8.
     "search_qa_hints_cpu": {
         "methods": ["grpo", "sdar_hints", "hint_distill"],
-        "overrides": ["+experiment=search_qa_warm_start", "warm_start.hint_placement=system",
-                      "trainer.total_steps=8", "trainer.ckpt_every=0", "logger.progress=false"],
+        "overrides": [
+            "+experiment=search_qa_warm_start",
+            "warm_start.hint_placement=system",
+            "trainer.total_steps=8",
+            "trainer.ckpt_every=0",
+            "logger.progress=false",
+        ],
     },
     # The keyword task from its fp32 clone (conf/experiment/keyword_warm_start.yaml: hint_format=false,
     # 10 steps of 2 x 8, validation sampled at T=1 on 64 held-out tasks every 2 steps). Every
@@ -87,8 +101,10 @@ PRESETS = {
         "methods": ["grpo", "gigpo", "sdar", "sdar_hints", "adrs", "retire_opd", "targeted_guidance"],
         "start": True,
         "overrides": ["+experiment=keyword_warm_start", "logger.progress=false"],
-        "method_overrides": {"adrs": ["method.warmup_steps=0", "method.active_steps=10"],
-                             "retire_opd": ["method.phase1_steps=10", "method.window=2"]},
+        "method_overrides": {
+            "adrs": ["method.warmup_steps=0", "method.active_steps=10"],
+            "retire_opd": ["method.phase1_steps=10", "method.window=2"],
+        },
     },
     # The same task from a clone that also played each task with the hint in its system message
     # (warm_start.hint_placement=system), so that the policy reads the hint: GRPO against two
@@ -100,8 +116,12 @@ PRESETS = {
     "keyword_hints_cpu": {
         "methods": ["grpo", "sdar_hints", "hint_distill", "null_baseline", "hint_imitation"],
         "start": True,
-        "overrides": ["+experiment=keyword_warm_start", "warm_start.hint_placement=system", "warm_start.epochs=1",
-                      "logger.progress=false"],
+        "overrides": [
+            "+experiment=keyword_warm_start",
+            "warm_start.hint_placement=system",
+            "warm_start.epochs=1",
+            "logger.progress=false",
+        ],
         "method_overrides": {"null_baseline": ["method.lam=0.1"], "hint_imitation": ["method.lam=0.1"]},
     },
 }
@@ -111,8 +131,9 @@ def point_name(method: str, seed: int, repeat: int = 1) -> str:
     return f"{method}_s{seed}" + (f"_r{repeat}" if repeat > 1 else "")
 
 
-def run_point(out: Path, method: str, seed: int, overrides: list[str], keep_checkpoints: bool = False,
-              repeat: int = 1) -> Path | None:
+def run_point(
+    out: Path, method: str, seed: int, overrides: list[str], keep_checkpoints: bool = False, repeat: int = 1
+) -> Path | None:
     """One training run (or, for ``start``, the starting model evaluated without training); its
     directory, or None when it failed."""
     run_dir = out / point_name(method, seed, repeat)
@@ -125,8 +146,14 @@ def run_point(out: Path, method: str, seed: int, overrides: list[str], keep_chec
         overrides += ["trainer.total_steps=0", *(explicit or ["trainer.val_at_start=true"])]
     else:
         overrides = [f"method={method}", *overrides]
-    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), f"trainer.seed={seed}",
-           f"trainer.run_dir={run_dir}", f"hydra.run.dir={run_dir}", *overrides]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "train.py"),
+        f"trainer.seed={seed}",
+        f"trainer.run_dir={run_dir}",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    ]
     t0 = time.time()
     print(f"learning: {run_dir.name} ...", flush=True)
     r = subprocess.run(cmd, cwd=ROOT)
@@ -170,14 +197,22 @@ def main() -> None:
     ap.add_argument("--preset", default="keyword_hints_cpu", choices=sorted(PRESETS))
     ap.add_argument("--methods", nargs="+")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--repeat-seeds", nargs="*", type=int, default=[],
-                    help="seeds run a second time for every method (the same-seed spread)")
+    ap.add_argument(
+        "--repeat-seeds",
+        nargs="*",
+        type=int,
+        default=[],
+        help="seeds run a second time for every method (the same-seed spread)",
+    )
     ap.add_argument("--repeat-methods", nargs="*", help="methods of --repeat-seeds (default: every method)")
     ap.add_argument("--start-only", action="store_true", help="evaluate the preset's starting model (its clone) only")
     ap.add_argument("--out", help="the runs' directory (default runs/learning/<preset>)")
     ap.add_argument("--results", help="also store the result folder here (e.g. docs/results/<name>)")
-    ap.add_argument("--keep-checkpoints", action="store_true",
-                    help="keep each finished point's checkpoints (about 2 GB each for SmolLM2); default: delete them")
+    ap.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep each finished point's checkpoints (about 2 GB each for SmolLM2); default: delete them",
+    )
     args, extra = ap.parse_known_args()
     preset = PRESETS[args.preset]
     out = Path(args.out or ROOT / "runs" / "learning" / args.preset)
@@ -190,8 +225,10 @@ def main() -> None:
         plan += [(m, s, 1) for s in args.seeds for m in methods]  # seed-major: an early stop keeps whole seeds
         plan += [(m, s, 2) for s in args.repeat_seeds for m in (args.repeat_methods or methods)]
     git = git_commit(ROOT)  # the code the runs use (the tree may change while they run)
-    dirs = [run_point(out, m, s, preset["overrides"] + per_method.get(m, []) + extra, args.keep_checkpoints, k)
-            for m, s, k in plan]
+    dirs = [
+        run_point(out, m, s, preset["overrides"] + per_method.get(m, []) + extra, args.keep_checkpoints, k)
+        for m, s, k in plan
+    ]
     failed = [point_name(m, s, k) for (m, s, k), d in zip(plan, dirs) if d is None]
     runs = [load_run(d) for d in dirs if d is not None]
     tables = learning_tables(runs, split=split)
@@ -203,15 +240,28 @@ def main() -> None:
         for d in dirs:
             if d is not None:
                 store_run(d, folder)
-        write_meta(folder, ROOT, git, kind="learning", command=" ".join(["python", *sys.argv]), preset=args.preset,
-                   overrides=preset["overrides"], method_overrides=per_method, extra_overrides=extra,
-                   baseline="grpo", split=split, failed=failed)
+        write_meta(
+            folder,
+            ROOT,
+            git,
+            kind="learning",
+            command=" ".join(["python", *sys.argv]),
+            preset=args.preset,
+            overrides=preset["overrides"],
+            method_overrides=per_method,
+            extra_overrides=extra,
+            baseline="grpo",
+            split=split,
+            failed=failed,
+        )
         write_tables(folder, tables)
         plot(runs, folder / "curves.png")
     print(json.dumps(tables, indent=1))
     if failed:
         print(f"learning: failed points: {failed}", file=sys.stderr)
-    print(f"learning: {out / 'table.md'}, {out / 'curves.png'}" + (f"; stored in {args.results}" if args.results else ""))
+    print(
+        f"learning: {out / 'table.md'}, {out / 'curves.png'}" + (f"; stored in {args.results}" if args.results else "")
+    )
 
 
 if __name__ == "__main__":

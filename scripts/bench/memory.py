@@ -17,6 +17,7 @@ it started (the Ray actors), once a second. Prints one JSON object:
 
 Run it alone on the machine (other load changes the ratio, not the memory).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipeline.orchestration.run import run_training  # noqa: E402
-from pipeline.tools.faults import Throttle, actor_pid  # noqa: E402
-from pipeline.tools.cli import compose  # noqa: E402
+from pipeline.orchestration.run import run_training
+from pipeline.tools.cli import compose
+from pipeline.tools.faults import Throttle, actor_pid
 
 
 def kind(cmdline: list[str]) -> str:
@@ -79,19 +80,38 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--lag", type=int, default=1)
-    ap.add_argument("--throttle-learner", type=float, default=0.0, metavar="F",
-                    help="keep the learner stopped this fraction of the time (0 = never)")
+    ap.add_argument(
+        "--throttle-learner",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="keep the learner stopped this fraction of the time (0 = never)",
+    )
     args, extra = ap.parse_known_args()
     with tempfile.TemporaryDirectory(prefix="privy-bench-memory-") as d:
         print(json.dumps(measure(Path(d), args, extra), indent=1))
 
 
 def measure(run_dir: Path, args: argparse.Namespace, extra: list[str]) -> dict:
-    cfg = compose(["model=tiny", "env=keyword", f"trainer.total_steps={args.steps}", "trainer.groups_per_step=2",
-                   f"trainer.max_policy_lag={args.lag}", "rollout.group_size=2", "rollout.max_new_tokens=8",
-                   "trainer.val_every=0", "trainer.ckpt_every=0", "logger.progress=false",
-                   "learner.micro_batch_tokens=64", "learner.kl_coef=0.05", "learner.precision=fp32",
-                   "rollout.precision=fp32", *extra])
+    cfg = compose(
+        [
+            "model=tiny",
+            "env=keyword",
+            f"trainer.total_steps={args.steps}",
+            "trainer.groups_per_step=2",
+            f"trainer.max_policy_lag={args.lag}",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=8",
+            "trainer.val_every=0",
+            "trainer.ckpt_every=0",
+            "logger.progress=false",
+            "learner.micro_batch_tokens=64",
+            "learner.kl_coef=0.05",
+            "learner.precision=fp32",
+            "rollout.precision=fp32",
+            *extra,
+        ]
+    )
     sampler = Sampler(run_dir / "metrics.jsonl")
     sampler.start()
     throttle = Throttle(lambda: actor_pid(os.getpid(), "LearnerActor"), stopped=args.throttle_learner)
@@ -110,18 +130,26 @@ def measure(run_dir: Path, args: argparse.Namespace, extra: list[str]) -> dict:
     rollout_s = statistics.fmean(h["rollout/group_seconds"] for h in history[1:])
     kinds = sorted({k for _, rss in sampler.rows for k in rss})
     n = len(sampler.rows)
-    out = {"steps": len(history), "seconds": time.time() - t0, "samples": n,
-           "throttle_learner": args.throttle_learner, "throttle_cycles": throttle.cycles,
-           "learner_over_rollout_s": learner_s / max(rollout_s, 1e-9),
-           "groups_in_flight_max": max(h["buffer/admitted"] - h["buffer/consumed"] for h in history),
-           "in_flight_bound": (args.lag + 1) * cfg.trainer.groups_per_step,
-           "policy_lag_max": max(h["rollout/policy_lag_max"] for h in history), "uss_mb": {}}
+    out = {
+        "steps": len(history),
+        "seconds": time.time() - t0,
+        "samples": n,
+        "throttle_learner": args.throttle_learner,
+        "throttle_cycles": throttle.cycles,
+        "learner_over_rollout_s": learner_s / max(rollout_s, 1e-9),
+        "groups_in_flight_max": max(h["buffer/admitted"] - h["buffer/consumed"] for h in history),
+        "in_flight_bound": (args.lag + 1) * cfg.trainer.groups_per_step,
+        "policy_lag_max": max(h["rollout/policy_lag_max"] for h in history),
+        "uss_mb": {},
+    }
     for k in kinds:
         pts = [(s, rss.get(k, 0) / 2**20) for s, rss in sampler.rows]
         tenth = max(1, n // 10)
-        out["uss_mb"][k] = {"first_tenth": statistics.fmean(v for _, v in pts[:tenth]),
-                            "last_tenth": statistics.fmean(v for _, v in pts[-tenth:]),
-                            "mb_per_step_second_half": slope([p for p in pts if p[0] >= args.steps // 2])}
+        out["uss_mb"][k] = {
+            "first_tenth": statistics.fmean(v for _, v in pts[:tenth]),
+            "last_tenth": statistics.fmean(v for _, v in pts[-tenth:]),
+            "mb_per_step_second_half": slope([p for p in pts if p[0] >= args.steps // 2]),
+        }
     return out
 
 

@@ -9,6 +9,7 @@ generation time), learner seconds per step, rollout and learner tokens/s; and th
 learner time) per step (1.0 = perfect overlap; the target is <= 1.15). Steps before ``--warmup``
 are excluded (JIT, first generate). Timings on a shared 2-core machine are noisy: run it alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipeline.tools.cli import compose  # noqa: E402
-from pipeline.orchestration.run import run_training  # noqa: E402
+from pipeline.orchestration.run import run_training
+from pipeline.tools.cli import compose
 
 
 def summarise(history: list[dict], warmup: int, groups_per_step: int, workers: int) -> dict:
@@ -46,16 +47,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=1)
     args, extra = ap.parse_known_args()
-    base = [f"model={args.model}", f"env={args.env}", f"trainer.total_steps={args.steps}",
-            "trainer.val_every=0", "trainer.ckpt_every=0", "logger.progress=false",
-            *extra]
+    base = [
+        f"model={args.model}",
+        f"env={args.env}",
+        f"trainer.total_steps={args.steps}",
+        "trainer.val_every=0",
+        "trainer.ckpt_every=0",
+        "logger.progress=false",
+        *extra,
+    ]
     out = {"model": args.model, "env": args.env, "steps": args.steps, "overrides": extra}
     for lag in (0, 1):
         cfg = compose(base + [f"trainer.max_policy_lag={lag}"])
         with tempfile.TemporaryDirectory() as d:
             hist = run_training(cfg, d)
-        out[f"lag{lag}"] = summarise(hist, args.warmup, cfg.trainer.groups_per_step,
-                                     cfg.rollout.num_workers)
+        out[f"lag{lag}"] = summarise(hist, args.warmup, cfg.trainer.groups_per_step, cfg.rollout.num_workers)
     s, a = out["lag0"], out["lag1"]
     out["async_over_sync"] = a["step_s"] / s["step_s"]
     out["async_over_bound"] = a["step_s"] / max(a["rollout_s_per_step"], a["learner_s_per_step"])

@@ -13,6 +13,7 @@ the ratio to k=1. At k=1 the worker plays one group at a time, as it did before 
 (its turns still overlap that group's env steps).
 Timings on a shared 2-core machine are noisy: run it alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,22 +52,37 @@ def main() -> None:
     from pipeline.tools.cli import compose
 
     base = compose([f"model={args.model}", f"env={args.env}", f"rollout={args.engine}"])
-    rcfg = dataclasses.replace(base.rollout, max_new_tokens=args.max_new_tokens, group_size=args.group_size,
-                               precision=args.precision)
+    rcfg = dataclasses.replace(
+        base.rollout, max_new_tokens=args.max_new_tokens, group_size=args.group_size, precision=args.precision
+    )
     env_cfg: EnvConfig = base.env
     model_dir = resolve_model(base.model.name)
     worker = RolloutWorker(rcfg, env_cfg, str(model_dir), chat_template=base.model.chat_template)
     info = worker.hardware()
     cpu = CpuFeatures.detect()
-    out = {"model": args.model, "env": args.env, "engine": args.engine, "group_size": args.group_size, "groups": args.groups,
-           "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-           "precision": info["precision"], "threads": info["threads"],
-           "cpu": {"capability": cpu.capability, "native_bf16": cpu.native_bf16},
-           "runs": {}}
+    out = {
+        "model": args.model,
+        "env": args.env,
+        "engine": args.engine,
+        "group_size": args.group_size,
+        "groups": args.groups,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "precision": info["precision"],
+        "threads": info["threads"],
+        "cpu": {"capability": cpu.capability, "native_bf16": cpu.native_bf16},
+        "runs": {},
+    }
 
     def play(seed: int):
-        return worker.run_group(task_seed=seed, split=env_cfg.train_split, group_size=args.group_size,
-                                temperature=args.temperature, sample_seed=1000 + seed, max_turns=args.max_turns)
+        return worker.run_group(
+            task_seed=seed,
+            split=env_cfg.train_split,
+            group_size=args.group_size,
+            temperature=args.temperature,
+            sample_seed=1000 + seed,
+            max_turns=args.max_turns,
+        )
 
     play(10_000)  # warm-up (first generate, env caches)
     for k in args.in_flight:
@@ -77,9 +93,14 @@ def main() -> None:
         wall = time.perf_counter() - t0
         tokens = sum(g.n_generated_tokens for g in groups)
         eps = [e for g in groups for e in g.episodes]
-        run = {"seconds": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
-               "episodes_per_s": len(eps) / wall, "turns": sum(len(e.turns) for e in eps),
-               "success": sum(e.won for e in eps) / len(eps)}
+        run = {
+            "seconds": wall,
+            "tokens": tokens,
+            "tokens_per_s": tokens / wall,
+            "episodes_per_s": len(eps) / wall,
+            "turns": sum(len(e.turns) for e in eps),
+            "success": sum(e.won for e in eps) / len(eps),
+        }
         after = worker.batcher.stats.snapshot()
         calls = after["calls"] - before["calls"]
         run["generate_calls"] = calls

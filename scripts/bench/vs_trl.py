@@ -66,6 +66,7 @@ measured 8.5 s per learner step under ``.venv-bench`` and 5.2 s under ``.venv`` 
 machine (cause not identified), so each framework gets its own clean venv. Run it alone on the
 machine: on a shared 2-core CPU the numbers vary severalfold.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -112,18 +113,42 @@ def workload_config(w: Workload, lag: int = 0, engine: str = "hf"):
     """privy-rl's config of the workload (the TRL side reads its settings from it too)."""
     from pipeline.tools.cli import compose
 
-    model = ["model=" + w.model] if w.model in ("smollm2_135m", "gemma3_270m", "tiny", "tiny_bytes") \
+    model = (
+        ["model=" + w.model]
+        if w.model in ("smollm2_135m", "gemma3_270m", "tiny", "tiny_bytes")
         else ["model=hf_path", f"model.path={w.model}"]
-    return compose([*model, "env=keyword", "method=grpo", f"rollout={engine}", f"trainer.total_steps={w.steps}",
-                    "trainer.val_every=0", "trainer.ckpt_every=0", "trainer.val_at_start=false",
-                    "trainer.final_val_splits=[]", "logger.progress=false", f"trainer.seed={w.seed}",
-                    f"rollout.group_size={w.generations}", f"trainer.groups_per_step={w.prompts}",
-                    f"rollout.max_new_tokens={w.new_tokens}", f"rollout.temperature={w.temperature}",
-                    "rollout.top_p=1.0", f"learner.lr={w.lr}", f"trainer.max_policy_lag={lag}",
-                    f"learner.precision={w.precision}", f"rollout.precision={w.precision}",
-                    "learner.kl_coef=0.0", "learner.entropy_coef=0.0", "learner.gradient_checkpointing=false",
-                    "learner.lr_schedule=constant", "learner.warmup_steps=0", "learner.mini_batches=1",
-                    "trainer.skip_zero_advantage_rows=false"])
+    )
+    return compose(
+        [
+            *model,
+            "env=keyword",
+            "method=grpo",
+            f"rollout={engine}",
+            f"trainer.total_steps={w.steps}",
+            "trainer.val_every=0",
+            "trainer.ckpt_every=0",
+            "trainer.val_at_start=false",
+            "trainer.final_val_splits=[]",
+            "logger.progress=false",
+            f"trainer.seed={w.seed}",
+            f"rollout.group_size={w.generations}",
+            f"trainer.groups_per_step={w.prompts}",
+            f"rollout.max_new_tokens={w.new_tokens}",
+            f"rollout.temperature={w.temperature}",
+            "rollout.top_p=1.0",
+            f"learner.lr={w.lr}",
+            f"trainer.max_policy_lag={lag}",
+            f"learner.precision={w.precision}",
+            f"rollout.precision={w.precision}",
+            "learner.kl_coef=0.0",
+            "learner.entropy_coef=0.0",
+            "learner.gradient_checkpointing=false",
+            "learner.lr_schedule=constant",
+            "learner.warmup_steps=0",
+            "learner.mini_batches=1",
+            "trainer.skip_zero_advantage_rows=false",
+        ]
+    )
 
 
 def model_path(cfg) -> str:
@@ -142,8 +167,11 @@ def training_prompts(cfg, n: int) -> list[dict]:
 
     if cfg.method.get("name") != "grpo":
         raise SystemExit(f"method={cfg.method.get('name')}: the TRL side reproduces plain GRPO prompts only")
-    builder = StudentPrompts(load_tokenizer(model_path(cfg), cfg.model.chat_template),
-                             max_prompt_tokens=cfg.rollout.max_prompt_tokens, history_length=cfg.env.history_length)
+    builder = StudentPrompts(
+        load_tokenizer(model_path(cfg), cfg.model.chat_template),
+        max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+        history_length=cfg.env.history_length,
+    )
     out = []
     for i in range(n):
         seed = task_seed(cfg.trainer.seed, i)
@@ -214,7 +242,7 @@ def run_trl(w: Workload) -> dict:
             completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
             # Tokens up to and including the first stop id (TRL cuts there itself), else all.
             per_step.append({"generate_s": time.perf_counter() - t0, "lengths": [len(c) for c in completion_ids]})
-            fed.extend(list(map(int, p)) for p in prompt_ids[::w.generations])
+            fed.extend(list(map(int, p)) for p in prompt_ids[:: w.generations])
             return completion_ids, logprobs
 
     class Clock(TrainerCallback):
@@ -227,18 +255,47 @@ def run_trl(w: Workload) -> dict:
     lr = cfg.learner
     with tempfile.TemporaryDirectory() as out_dir:
         config = GRPOConfig(
-            output_dir=out_dir, per_device_train_batch_size=w.completions_per_step, num_generations=w.generations,
-            gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
-            max_completion_length=w.new_tokens, temperature=w.temperature, top_p=1.0, top_k=0, min_p=None,
-            repetition_penalty=1.0, beta=0.0, epsilon=lr.clip_low, epsilon_high=lr.clip_high,
-            learning_rate=lr.lr, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
-            adam_beta1=lr.betas[0], adam_beta2=lr.betas[1], adam_epsilon=ADAM_EPS, weight_decay=lr.weight_decay,
-            max_grad_norm=lr.grad_clip, gradient_checkpointing=False, bf16=w.precision == "bf16", fp16=False,
-            use_cpu=True, max_steps=w.steps, logging_steps=1, report_to=[], save_strategy="no",
-            dataloader_num_workers=0, seed=w.seed, shuffle_dataset=False, use_vllm=False)
+            output_dir=out_dir,
+            per_device_train_batch_size=w.completions_per_step,
+            num_generations=w.generations,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            num_iterations=1,
+            max_completion_length=w.new_tokens,
+            temperature=w.temperature,
+            top_p=1.0,
+            top_k=0,
+            min_p=None,
+            repetition_penalty=1.0,
+            beta=0.0,
+            epsilon=lr.clip_low,
+            epsilon_high=lr.clip_high,
+            learning_rate=lr.lr,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            optim="adamw_torch",
+            adam_beta1=lr.betas[0],
+            adam_beta2=lr.betas[1],
+            adam_epsilon=ADAM_EPS,
+            weight_decay=lr.weight_decay,
+            max_grad_norm=lr.grad_clip,
+            gradient_checkpointing=False,
+            bf16=w.precision == "bf16",
+            fp16=False,
+            use_cpu=True,
+            max_steps=w.steps,
+            logging_steps=1,
+            report_to=[],
+            save_strategy="no",
+            dataloader_num_workers=0,
+            seed=w.seed,
+            shuffle_dataset=False,
+            use_vllm=False,
+        )
         tok = load_tokenizer(path, cfg.model.chat_template)
-        trainer = Recorded(model=path, reward_funcs=reward, args=config, train_dataset=data,
-                           processing_class=tok, callbacks=[Clock()])
+        trainer = Recorded(
+            model=path, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok, callbacks=[Clock()]
+        )
         want_stops = privy_stop_ids(path, tok)
         if sorted(trainer.eos_token_ids) != want_stops:
             raise SystemExit(f"stop ids differ: TRL {sorted(trainer.eos_token_ids)}, privy-rl {want_stops}")
@@ -246,15 +303,21 @@ def run_trl(w: Workload) -> dict:
     want = [t["ids"] for t in tasks]
     if fed != want:
         bad = next(i for i, (a, b) in enumerate(zip(fed, want)) if a != b) if len(fed) == len(want) else None
-        raise SystemExit(f"TRL's prompt ids differ from privy-rl's ({len(fed)} vs {len(want)} prompts; "
-                         f"first difference at prompt {bad})")
-    return {"step_s": step_s, "completions": [len(s["lengths"]) for s in per_step],
-            "response_tokens": [sum(s["lengths"]) for s in per_step],
-            "generate_s": [s["generate_s"] for s in per_step],
-            "reward_mean": statistics.fmean(rewards) if rewards else None, "threads": threads,
-            "stop_ids": want_stops, "prompts_sha256": prompts_digest(fed),
-            "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
-                         "torch": torch.__version__}}
+        raise SystemExit(
+            f"TRL's prompt ids differ from privy-rl's ({len(fed)} vs {len(want)} prompts; "
+            f"first difference at prompt {bad})"
+        )
+    return {
+        "step_s": step_s,
+        "completions": [len(s["lengths"]) for s in per_step],
+        "response_tokens": [sum(s["lengths"]) for s in per_step],
+        "generate_s": [s["generate_s"] for s in per_step],
+        "reward_mean": statistics.fmean(rewards) if rewards else None,
+        "threads": threads,
+        "stop_ids": want_stops,
+        "prompts_sha256": prompts_digest(fed),
+        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
+    }
 
 
 def run_privy(w: Workload, lag: int, engine: str) -> dict:
@@ -275,16 +338,20 @@ def run_privy(w: Workload, lag: int, engine: str) -> dict:
     if any(t != 1 for t in turns):
         raise SystemExit(f"keyword episodes should be one turn each, got {turns}")
     n = w.completions_per_step
-    return {"step_s": [h["time/step_s"] for h in history], "completions": [n] * len(history),
-            # rollout/response_tokens: mean sampled ids per row, up to and including the stop id
-            "response_tokens": [h["rollout/response_tokens"] * n for h in history],
-            "reward_mean": statistics.fmean(h["rollout/reward"] for h in history),
-            "wait_rollout_s": [h["time/wait_rollout_s"] for h in history],
-            "train_s": [h["time/train_s"] for h in history], "sync_s": [h["time/sync_s"] for h in history],
-            "threads": actor_threads(cfg),
-            "stop_ids": privy_stop_ids(path, load_tokenizer(path, cfg.model.chat_template)),
-            "prompts_sha256": prompts_digest([t["ids"] for t in tasks]),
-            "versions": {"transformers": transformers.__version__, "torch": torch.__version__}}
+    return {
+        "step_s": [h["time/step_s"] for h in history],
+        "completions": [n] * len(history),
+        # rollout/response_tokens: mean sampled ids per row, up to and including the stop id
+        "response_tokens": [h["rollout/response_tokens"] * n for h in history],
+        "reward_mean": statistics.fmean(h["rollout/reward"] for h in history),
+        "wait_rollout_s": [h["time/wait_rollout_s"] for h in history],
+        "train_s": [h["time/train_s"] for h in history],
+        "sync_s": [h["time/sync_s"] for h in history],
+        "threads": actor_threads(cfg),
+        "stop_ids": privy_stop_ids(path, load_tokenizer(path, cfg.model.chat_template)),
+        "prompts_sha256": prompts_digest([t["ids"] for t in tasks]),
+        "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
+    }
 
 
 # ----- the report -----------------------------------------------------------------------------------
@@ -293,11 +360,17 @@ def summarize(raw: dict) -> dict:
     k = 1 if len(raw["step_s"]) > 1 else 0
     sec = raw["step_s"][k:]
     done, tokens = sum(raw["completions"][k:]), sum(raw["response_tokens"][k:])
-    out = {"measured_steps": len(sec), "step_s_median": statistics.median(sec), "measured_s": sum(sec),
-           "completions": done, "response_tokens": round(tokens),
-           "completions_per_s": done / sum(sec), "response_tokens_per_s": tokens / sum(sec),
-           "mean_completion_tokens": tokens / done,
-           "mean_completion_tokens_per_step": [t / c for t, c in zip(raw["response_tokens"], raw["completions"])]}
+    out = {
+        "measured_steps": len(sec),
+        "step_s_median": statistics.median(sec),
+        "measured_s": sum(sec),
+        "completions": done,
+        "response_tokens": round(tokens),
+        "completions_per_s": done / sum(sec),
+        "response_tokens_per_s": tokens / sum(sec),
+        "mean_completion_tokens": tokens / done,
+        "mean_completion_tokens_per_step": [t / c for t, c in zip(raw["response_tokens"], raw["completions"])],
+    }
     for key in ("generate_s", "wait_rollout_s", "train_s", "sync_s"):
         if key in raw:
             out[key + "_median"] = statistics.median(raw[key][k:])
@@ -305,8 +378,10 @@ def summarize(raw: dict) -> dict:
 
 
 def ratios(side: dict, trl: dict) -> dict:
-    return {"per_completion": side["completions_per_s"] / trl["completions_per_s"],
-            "per_response_token": side["response_tokens_per_s"] / trl["response_tokens_per_s"]}
+    return {
+        "per_completion": side["completions_per_s"] / trl["completions_per_s"],
+        "per_response_token": side["response_tokens_per_s"] / trl["response_tokens_per_s"],
+    }
 
 
 def cpu_kind() -> dict:
@@ -320,9 +395,14 @@ def cpu_kind() -> dict:
     except (OSError, subprocess.SubprocessError):
         pass
     cpu = CpuFeatures.detect()
-    return {"kind": "avx512_bf16" if "avx512_bf16" in info else "AVX2 only", "model_name": name,
-            "cores": os.cpu_count(), "torch_capability": cpu.capability, "amx": cpu.amx_bf16,
-            "native_bf16": cpu.native_bf16}
+    return {
+        "kind": "avx512_bf16" if "avx512_bf16" in info else "AVX2 only",
+        "model_name": name,
+        "cores": os.cpu_count(),
+        "torch_capability": cpu.capability,
+        "amx": cpu.amx_bf16,
+        "native_bf16": cpu.native_bf16,
+    }
 
 
 def git_state() -> dict:
@@ -343,10 +423,14 @@ def side_label(name: str) -> str:
 def markdown(r: dict) -> str:
     w, cpu, g = r["workload"], r["cpu"], r["git"]
     lines = [
-        "# privy-rl vs TRL GRPOTrainer (`scripts/bench/vs_trl.py`)", "",
+        "# privy-rl vs TRL GRPOTrainer (`scripts/bench/vs_trl.py`)",
+        "",
         f"- Run: {r['date']}, git {g['commit'][:12]}"
-        + (f" with uncommitted changes to {len(g['changed_files'])} tracked files (listed in results.json)"
-           if g["dirty"] else ""),
+        + (
+            f" with uncommitted changes to {len(g['changed_files'])} tracked files (listed in results.json)"
+            if g["dirty"]
+            else ""
+        ),
         f"- CPU: {cpu['model_name'] or 'unknown'}, {cpu['kind']} (torch capability {cpu['torch_capability']}, "
         f"{cpu['cores']} cores)",
         f"- Command: `{r['command']}`",
@@ -356,16 +440,19 @@ def markdown(r: dict) -> str:
         f"{w['steps']} steps, the first not counted.",
         f"- Prompts: the first {w['prompts'] * w['steps']} tasks of privy-rl's keyword training stream, "
         f"{w['mean_prompt_tokens']:.1f} tokens on average with the chat template; the ids TRL fed to generate "
-        f"were checked equal to privy-rl's (sha256 {w['prompts_sha256'][:16]}...). Stop ids {w['stop_ids']}.", "",
+        f"were checked equal to privy-rl's (sha256 {w['prompts_sha256'][:16]}...). Stop ids {w['stop_ids']}.",
+        "",
         "| | s / step (median) | completions / s | response tokens / s | mean completion (tokens) "
         "| mean reward | vs TRL per completion | vs TRL per response token |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, s in r["sides"].items():
         rat = r["ratios"].get(name, {"per_completion": 1.0, "per_response_token": 1.0})
-        lines.append(f"| {side_label(name)} | {s['step_s_median']:.2f} | {s['completions_per_s']:.2f} | "
-                     f"{s['response_tokens_per_s']:.1f} | {s['mean_completion_tokens']:.1f} | {s['reward_mean']:.3f} | "
-                     f"{rat['per_completion']:.2f}x | **{rat['per_response_token']:.2f}x** |")
+        lines.append(
+            f"| {side_label(name)} | {s['step_s_median']:.2f} | {s['completions_per_s']:.2f} | "
+            f"{s['response_tokens_per_s']:.1f} | {s['mean_completion_tokens']:.1f} | {s['reward_mean']:.3f} | "
+            f"{rat['per_completion']:.2f}x | **{rat['per_response_token']:.2f}x** |"
+        )
     lines += ["", *("- " + n for n in r["notes"]), ""]
     return "\n".join(lines)
 
@@ -387,8 +474,12 @@ NOTES = [
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=7, help="optimizer steps per side (the first is not counted)")
-    ap.add_argument("--precision", default=None, choices=["fp32", "bf16"],
-                    help="both sides (default: what this CPU runs natively, pipeline/core/hardware.py)")
+    ap.add_argument(
+        "--precision",
+        default=None,
+        choices=["fp32", "bf16"],
+        help="both sides (default: what this CPU runs natively, pipeline/core/hardware.py)",
+    )
     ap.add_argument("--model", default="smollm2_135m", help="smollm2_135m | tiny | an HF model directory")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per optimizer step")
     ap.add_argument("--generations", type=int, default=4, help="completions per prompt")
@@ -396,12 +487,23 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lags", type=int, nargs="+", default=[0, 1], help="privy-rl's trainer.max_policy_lag values")
     ap.add_argument("--out", default=None, help="a directory: results.json, results.md, command.txt")
-    ap.add_argument("--privy-python", default=str(ROOT / ".venv" / "bin" / "python"),
-                    help="the interpreter of privy-rl's side (default: the project's .venv)")
-    ap.add_argument("--engines", nargs="+", default=["hf"], choices=["hf", "vllm"],
-                    help="privy-rl's rollout engines to measure (vllm runs in --vllm-python)")
-    ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"),
-                    help="the interpreter of privy-rl's side with rollout=vllm (make setup-vllm)")
+    ap.add_argument(
+        "--privy-python",
+        default=str(ROOT / ".venv" / "bin" / "python"),
+        help="the interpreter of privy-rl's side (default: the project's .venv)",
+    )
+    ap.add_argument(
+        "--engines",
+        nargs="+",
+        default=["hf"],
+        choices=["hf", "vllm"],
+        help="privy-rl's rollout engines to measure (vllm runs in --vllm-python)",
+    )
+    ap.add_argument(
+        "--vllm-python",
+        default=str(ROOT / ".venv-vllm" / "bin" / "python"),
+        help="the interpreter of privy-rl's side with rollout=vllm (make setup-vllm)",
+    )
     ap.add_argument("--side", default=None, help=argparse.SUPPRESS)  # internal: run one side here
     ap.add_argument("--workload", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--lag", type=int, default=0, help=argparse.SUPPRESS)
@@ -421,43 +523,76 @@ def main() -> None:
     choice = choose_precision(args.precision or "auto")
     if choice.warning:
         print(f"warning: {choice.warning}", file=sys.stderr)
-    w = Workload(model=args.model, steps=args.steps, prompts=args.prompts, generations=args.generations,
-                 new_tokens=args.new_tokens, temperature=args.temperature, precision=choice.dtype)
+    w = Workload(
+        model=args.model,
+        steps=args.steps,
+        prompts=args.prompts,
+        generations=args.generations,
+        new_tokens=args.new_tokens,
+        temperature=args.temperature,
+        precision=choice.dtype,
+    )
     command = shlex.join([sys.executable, *sys.argv])
     out_dir = Path(args.out) if args.out else None
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "command.txt").write_text(f"cd {os.getcwd()} && {command}\n")
-    report = {"benchmark": "privy-rl vs TRL GRPOTrainer", "date": datetime.datetime.now().astimezone().isoformat(
-        timespec="seconds"), "command": command, "git": git_state(), "cpu": cpu_kind(),
+    report = {
+        "benchmark": "privy-rl vs TRL GRPOTrainer",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": command,
+        "git": git_state(),
+        "cpu": cpu_kind(),
         "workload": asdict(w) | {"precision_reason": choice.reason, "precision_warning": choice.warning},
-        "sides": {}, "ratios": {}, "notes": NOTES}
+        "sides": {},
+        "ratios": {},
+        "notes": NOTES,
+    }
     sides = [("trl", 0, "")] + [("privy", lag, eng) for eng in args.engines for lag in args.lags]
     for side, lag, engine in sides:
         python = {"trl": sys.executable, "hf": args.privy_python, "vllm": args.vllm_python}[engine or side]
         if not Path(python).exists():
             raise SystemExit(f"{python} not found (privy-rl's side with rollout={engine}); see --help")
-        cmd = [python, __file__, "--side", side, "--lag", str(lag), "--engine", engine or "hf",
-               "--workload", json.dumps(asdict(w))]
+        cmd = [
+            python,
+            __file__,
+            "--side",
+            side,
+            "--lag",
+            str(lag),
+            "--engine",
+            engine or "hf",
+            "--workload",
+            json.dumps(asdict(w)),
+        ]
         name = "trl" if side == "trl" else f"privy_{engine}_lag{lag}"
         print(f"{name}: running ...", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
             raise SystemExit(f"{name} failed ({proc.returncode}): {proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
-        s = report["sides"][name] = summarize(json.loads(lines[-1][len("RESULT "):]))
-        print(f"{name}: {s['step_s_median']:.2f} s/step, {s['completions_per_s']:.2f} completions/s, "
-              f"{s['response_tokens_per_s']:.1f} response tokens/s, {s['mean_completion_tokens']:.1f} tokens "
-              "per completion", file=sys.stderr, flush=True)
+        s = report["sides"][name] = summarize(json.loads(lines[-1][len("RESULT ") :]))
+        print(
+            f"{name}: {s['step_s_median']:.2f} s/step, {s['completions_per_s']:.2f} completions/s, "
+            f"{s['response_tokens_per_s']:.1f} response tokens/s, {s['mean_completion_tokens']:.1f} tokens "
+            "per completion",
+            file=sys.stderr,
+            flush=True,
+        )
     trl = report["sides"]["trl"]
     for name, s in report["sides"].items():
         if s["prompts_sha256"] != trl["prompts_sha256"] or s["stop_ids"] != trl["stop_ids"]:
-            raise SystemExit(f"{name} and TRL did not get the same prompts or stop ids: "
-                             f"{s['prompts_sha256']} {s['stop_ids']} vs {trl['prompts_sha256']} {trl['stop_ids']}")
+            raise SystemExit(
+                f"{name} and TRL did not get the same prompts or stop ids: "
+                f"{s['prompts_sha256']} {s['stop_ids']} vs {trl['prompts_sha256']} {trl['stop_ids']}"
+            )
         if name != "trl":
             report["ratios"][name] = ratios(s, trl)
-    report["workload"] |= {"prompts_sha256": trl["prompts_sha256"], "stop_ids": trl["stop_ids"],
-                           "mean_prompt_tokens": _mean_prompt_tokens(w)}
+    report["workload"] |= {
+        "prompts_sha256": trl["prompts_sha256"],
+        "stop_ids": trl["stop_ids"],
+        "mean_prompt_tokens": _mean_prompt_tokens(w),
+    }
     text = json.dumps(report, indent=1)
     print(text)
     if out_dir:
@@ -476,13 +611,18 @@ def table_rows(r: dict) -> list[dict]:
     rows = []
     for name, s in r["sides"].items():
         rat = r["ratios"].get(name, {"per_completion": 1.0, "per_response_token": 1.0})
-        rows.append({"side": side_label(name), "s / step (median)": f"{s['step_s_median']:.2f}",
-                     "completions / s": f"{s['completions_per_s']:.2f}",
-                     "response tokens / s": f"{s['response_tokens_per_s']:.1f}",
-                     "mean completion (tokens)": f"{s['mean_completion_tokens']:.1f}",
-                     "mean reward": f"{s['reward_mean']:.3f}",
-                     "vs TRL per completion": f"{rat['per_completion']:.2f}x",
-                     "vs TRL per response token": f"{rat['per_response_token']:.2f}x"})
+        rows.append(
+            {
+                "side": side_label(name),
+                "s / step (median)": f"{s['step_s_median']:.2f}",
+                "completions / s": f"{s['completions_per_s']:.2f}",
+                "response tokens / s": f"{s['response_tokens_per_s']:.1f}",
+                "mean completion (tokens)": f"{s['mean_completion_tokens']:.1f}",
+                "mean reward": f"{s['reward_mean']:.3f}",
+                "vs TRL per completion": f"{rat['per_completion']:.2f}x",
+                "vs TRL per response token": f"{rat['per_response_token']:.2f}x",
+            }
+        )
     return rows
 
 

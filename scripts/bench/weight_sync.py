@@ -12,6 +12,7 @@ the packet and ``verify`` it; collective = ``broadcast_state_dict`` / ``receive_
 one warm-up). Prints a table and one JSON object; ratio = object store seconds / collective
 seconds. Timings on a shared 2-core machine are noisy: run it alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,15 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 # SmolLM2-135M's architecture, for random tensors when the model is not in the cache.
-SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-               num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
+SMOLLM2 = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    tie_word_embeddings=True,
+)
 
 
 def load_state_dict(model: str, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], str]:
@@ -41,7 +49,7 @@ def load_state_dict(model: str, dtype: torch.dtype) -> tuple[dict[str, torch.Ten
 
         m = AutoModelForCausalLM.from_pretrained(str(resolve_model(model)), dtype=torch.float32)
         source = f"{model} (cached weights)"
-    except Exception as e:  # noqa: BLE001 - not cached / no network: same shapes, random values
+    except Exception as e:  # not cached / no network: same shapes, random values
         m = AutoModelForCausalLM.from_config(LlamaConfig(**SMOLLM2))
         source = f"random tensors of SmolLM2-135M's shapes ({type(e).__name__})"
     # Like the learner's state_dict_for_sync: every state-dict entry, tied aliases included.
@@ -74,8 +82,7 @@ class Sender:
     def join(self, world: int) -> None:
         from pipeline.distributed.collective_sync import init_group
 
-        self.group = init_group("127.0.0.1", self.store.port, 0, world, "gloo", timeout_s=300,
-                                tcp=self.store)
+        self.group = init_group("127.0.0.1", self.store.port, 0, world, "gloo", timeout_s=300, tcp=self.store)
 
     def broadcast(self, version: int, bucket_bytes: int) -> dict:
         from pipeline.distributed.collective_sync import broadcast_state_dict
@@ -124,15 +131,26 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": ROOT, "RAY_AUTH_MODE": "disabled",
-                                       "HF_HUB_OFFLINE": "1"}})
+    ray.init(
+        address="local",
+        num_cpus=os.cpu_count(),
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": ROOT, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}},
+    )
     try:
         sender = Sender.remote(args.model, args.dtype)
         receivers = [Receiver.remote() for _ in range(args.receivers)]
         meta, nbytes, n_tensors, source = ray.get(sender.info.remote(), timeout=600)
-        out = {"model": source, "dtype": args.dtype, "tensors": n_tensors, "bytes": nbytes,
-               "receivers": args.receivers, "repeats": args.repeats, "cpus": os.cpu_count()}
+        out = {
+            "model": source,
+            "dtype": args.dtype,
+            "tensors": n_tensors,
+            "bytes": nbytes,
+            "receivers": args.receivers,
+            "repeats": args.repeats,
+            "cpus": os.cpu_count(),
+        }
 
         def object_store(v):
             ref = sender.packet.remote(v)
@@ -142,8 +160,10 @@ def main() -> None:
 
         world = 1 + len(receivers)
         port = ray.get(sender.endpoint.remote(), timeout=600)
-        ray.get([sender.join.remote(world)]
-                + [r.join.remote(port, i + 1, world, meta) for i, r in enumerate(receivers)], timeout=600)
+        ray.get(
+            [sender.join.remote(world)] + [r.join.remote(port, i + 1, world, meta) for i, r in enumerate(receivers)],
+            timeout=600,
+        )
         out["collective"] = {}
         for mb in [int(x) for x in args.buckets_mb.split(",")]:
             bb = mb << 20
@@ -154,20 +174,26 @@ def main() -> None:
 
             s, stats = timed(collective, args.repeats)
             out["collective"][mb] = {
-                "seconds": s, "buckets": int(stats[0]["buckets"]),
+                "seconds": s,
+                "buckets": int(stats[0]["buckets"]),
                 "sender_seconds": statistics.median(x["seconds"] for x in stats),
                 "sender_gbps": statistics.median(x["gbps"] for x in stats),
-                "object_store_over_collective": out["object_store_s"] / s}
+                "object_store_over_collective": out["object_store_s"] / s,
+            }
     finally:
         ray.shutdown()
 
-    print(f"{out['model']}, {out['dtype']}: {n_tensors} tensors, {nbytes / 2**20:.0f} MiB, "
-          f"{args.receivers} receivers, {os.cpu_count()} CPUs (median of {args.repeats})")
+    print(
+        f"{out['model']}, {out['dtype']}: {n_tensors} tensors, {nbytes / 2**20:.0f} MiB, "
+        f"{args.receivers} receivers, {os.cpu_count()} CPUs (median of {args.repeats})"
+    )
     print(f"  object store            {out['object_store_s']:7.3f} s")
     for mb, r in out["collective"].items():
-        print(f"  gloo, {mb:5d} MiB buckets ({r['buckets']:3d}) {r['seconds']:7.3f} s   "
-              f"sender {r['sender_seconds']:.3f} s = {r['sender_gbps']:.2f} GB/s   "
-              f"object store / this = {r['object_store_over_collective']:.2f}x")
+        print(
+            f"  gloo, {mb:5d} MiB buckets ({r['buckets']:3d}) {r['seconds']:7.3f} s   "
+            f"sender {r['sender_seconds']:.3f} s = {r['sender_gbps']:.2f} GB/s   "
+            f"object store / this = {r['object_store_over_collective']:.2f}x"
+        )
     print(json.dumps(out, default=float))
 
 

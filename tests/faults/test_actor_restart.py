@@ -2,6 +2,7 @@
 run started through the public entry point: Ray restarts each, the controller gives it the
 current weights, the lost group is replayed from its task seed, the scorer scores what waited
 for it, and the run finishes every step. ``events.jsonl`` records each restart and replay."""
+
 from __future__ import annotations
 
 import json
@@ -20,16 +21,33 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
-ARGS = ["model=tiny", "env=keyword", "method=sdar", f"trainer.total_steps={STEPS}", "trainer.groups_per_step=1",
-        "rollout.group_size=2", "rollout.max_new_tokens=16", "trainer.val_every=0", "trainer.ckpt_every=0",
-        "logger.progress=false", "learner.precision=fp32", "rollout.precision=fp32", "scorer.precision=fp32"]
+ARGS = [
+    "model=tiny",
+    "env=keyword",
+    "method=sdar",
+    f"trainer.total_steps={STEPS}",
+    "trainer.groups_per_step=1",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=16",
+    "trainer.val_every=0",
+    "trainer.ckpt_every=0",
+    "logger.progress=false",
+    "learner.precision=fp32",
+    "rollout.precision=fp32",
+    "scorer.precision=fp32",
+]
 
 
 def _launch(args: list[str], run_dir: Path) -> subprocess.Popen:
     """The public entry point in a session of its own (killable as a group), stderr captured."""
-    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *args, f"trainer.run_dir={run_dir}"],
-                            cwd=run_dir.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *args, f"trainer.run_dir={run_dir}"],
+        cwd=run_dir.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _steps(metrics: Path) -> list[dict]:
@@ -120,8 +138,11 @@ def test_with_the_collective_weight_sync_a_dead_worker_rejoins_a_new_weight_grou
     weights, replays the lost group, and the run finishes every step (a death inside the broadcast
     itself: tests/faults/test_sync_receiver.py)."""
     run_dir = tmp_path / "run"
-    args = [a for a in ARGS if not a.startswith("method=")] + ["method=sdar", "cluster.weight_sync=collective",
-                                                              "cluster.sync_timeout_s=60"]
+    args = [a for a in ARGS if not a.startswith("method=")] + [
+        "method=sdar",
+        "cluster.weight_sync=collective",
+        "cluster.sync_timeout_s=60",
+    ]
     proc = _launch(args, run_dir)
     try:
         _kill_when(proc, run_dir / "metrics.jsonl", "RolloutWorker", after_step=3)

@@ -2,6 +2,7 @@
 checkpoint: the real ``Checkpointer`` runs in a child process that kills itself at the chosen
 point (the learner's save is a FAKE that writes files as DeepSpeed would; the controller state is
 real), then the parent resolves and loads what is on disk."""
+
 from __future__ import annotations
 
 import subprocess
@@ -14,7 +15,7 @@ from pipeline.orchestration.checkpoint import load_state, resolve_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CHILD = r'''
+CHILD = r"""
 import asyncio, os, signal, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
@@ -42,7 +43,8 @@ class Ctl:
     def __init__(self, step):
         self.learner, self.method = FakeLearner(), Method()
         self.learner.dying = False
-        self.state, self.buffer = ControllerState(step=step, next_task=step), GroupBuffer(groups_per_step=1, max_policy_lag=0)
+        self.state = ControllerState(step=step, next_task=step)
+        self.buffer = GroupBuffer(groups_per_step=1, max_policy_lag=0)
 
 cp = ck.Checkpointer(run, keep=3)
 asyncio.run(cp.save(Ctl(1), 1))            # a complete checkpoint at step 1
@@ -64,15 +66,15 @@ if point == "before_latest":
     ck._atomic_write = lambda p, t: die()
 asyncio.run(cp.save(ctl, ctl.state.step))
 print("SURVIVED")
-'''
+"""
 
 
-@pytest.mark.parametrize("point,expect", [("learner_save", 2), ("after_state", 2), ("resave", 1),
-                                          ("before_latest", 2)])
+@pytest.mark.parametrize("point,expect", [("learner_save", 2), ("after_state", 2), ("resave", 1), ("before_latest", 2)])
 def test_a_kill_during_save_leaves_latest_on_a_complete_checkpoint(tmp_path, point, expect):
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-c", CHILD, str(run), point, str(ROOT)], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, str(run), point, str(ROOT)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == -9 and "SURVIVED" not in r.stdout, r.stderr[-2000:]
     ckpt = resolve_checkpoint(run)
     assert ckpt.name == f"step_{expect:06d}"

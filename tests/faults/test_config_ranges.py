@@ -2,6 +2,7 @@
 ConfigError that names the field (issue 13 item 6). The walk reads the dataclasses themselves, so
 a field added later without a range check fails here until it gets one (or is listed below with
 the reason it takes any value)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +38,9 @@ def _numeric(tp) -> bool:
     args = typing.get_args(tp)
     if typing.get_origin(tp) is list:
         return bool(args) and args[0] in (int, float)
-    return tp in (int, float) or (bool(args) and all(a in (int, float, type(None)) for a in args)
-                                  and any(a in (int, float) for a in args))
+    return tp in (int, float) or (
+        bool(args) and all(a in (int, float, type(None)) for a in args) and any(a in (int, float) for a in args)
+    )
 
 
 def _fields(obj, prefix: str = ""):
@@ -65,8 +67,17 @@ def _set(cfg, key: str, value) -> None:
 
 def test_the_walk_covers_the_whole_schema():
     keys = {k for k, _ in FIELDS}
-    assert len(keys) > 50 and {"learner.lr", "rollout.vllm.kv_cache_gb", "cluster.max_restarts",
-                               "warm_start.batch_rows", "trainer.max_skipped_steps"} <= keys
+    assert (
+        len(keys) > 50
+        and {
+            "learner.lr",
+            "rollout.vllm.kv_cache_gb",
+            "cluster.max_restarts",
+            "warm_start.batch_rows",
+            "trainer.max_skipped_steps",
+        }
+        <= keys
+    )
 
 
 @pytest.mark.parametrize("key,probes", FIELDS, ids=[k for k, _ in FIELDS])

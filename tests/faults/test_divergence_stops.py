@@ -2,6 +2,7 @@
 gradient is non-finite) through the public entry point: each non-finite update is discarded and
 recorded, and ``trainer.max_skipped_steps`` of them in a row stop the run with a checkpoint and a
 one-line cause; resuming from that checkpoint continues the step counter."""
+
 from __future__ import annotations
 
 import json
@@ -14,14 +15,30 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-ARGS = ["model=tiny", "env=keyword", "trainer.total_steps=12", "trainer.groups_per_step=1", "rollout.group_size=2",
-        "rollout.max_new_tokens=8", "trainer.val_every=0", "trainer.ckpt_every=0", "logger.progress=false",
-        "learner.precision=fp32", "rollout.precision=fp32", "learner.lr=1e30"]
+ARGS = [
+    "model=tiny",
+    "env=keyword",
+    "trainer.total_steps=12",
+    "trainer.groups_per_step=1",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "trainer.val_every=0",
+    "trainer.ckpt_every=0",
+    "logger.progress=false",
+    "learner.precision=fp32",
+    "rollout.precision=fp32",
+    "learner.lr=1e30",
+]
 
 
 def _train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *ARGS, f"trainer.run_dir={run_dir}",
-                           *extra], cwd=run_dir.parent, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *ARGS, f"trainer.run_dir={run_dir}", *extra],
+        cwd=run_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def _rows(path: Path) -> list[dict]:

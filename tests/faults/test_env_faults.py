@@ -1,15 +1,16 @@
 """An env that raises in a step, hangs in one (``rollout.env_timeout_s``), fails its reset or its
 privileged hint, inside a real rollout worker with the real HF engine: only that episode fails,
-with the error recorded in it, the group stays complete, and the worker goes on (issue 13 item 5). The parser side (garbage
-model output) is tests/faults/test_env_parser_fuzz.py."""
+with the error recorded in it, the group stays complete, and the worker goes on (issue 13 item 5).
+The parser side (garbage model output) is tests/faults/test_env_parser_fuzz.py."""
+
 from __future__ import annotations
 
 import time
 
 import pytest
+from scripted_envs import HANG, play, rollout_worker
 
 from pipeline.core.types import StopReason
-from scripted_envs import HANG, play, rollout_worker
 
 pytestmark = pytest.mark.integration
 
@@ -58,10 +59,24 @@ def test_a_training_task_whose_env_always_fails_is_replayed_then_stops_the_real_
     env.close()
     [game] = list(games.rglob("game.tw-pddl"))
     game.write_text("{ this is not a game")
-    cfg = compose(["model=tiny", "env=alfworld", "env.options.max_receptacles=6", "env.options.max_objects=6",
-                   "env.options.n_tasks=1", "env.options.max_turns=2", f"+env.options.cache_dir={games}",
-                   "rollout.max_new_tokens=8", "rollout.group_size=2", "trainer.groups_per_step=1",
-                   "trainer.total_steps=2", "trainer.val_every=0", "trainer.ckpt_every=0", "logger.progress=false"])
+    cfg = compose(
+        [
+            "model=tiny",
+            "env=alfworld",
+            "env.options.max_receptacles=6",
+            "env.options.max_objects=6",
+            "env.options.n_tasks=1",
+            "env.options.max_turns=2",
+            f"+env.options.cache_dir={games}",
+            "rollout.max_new_tokens=8",
+            "rollout.group_size=2",
+            "trainer.groups_per_step=1",
+            "trainer.total_steps=2",
+            "trainer.val_every=0",
+            "trainer.ckpt_every=0",
+            "logger.progress=false",
+        ]
+    )
     with pytest.raises(Exception, match=r"every episode of training task \d+ ended in an env error"):
         run_training(cfg, tmp_path / "run")
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]

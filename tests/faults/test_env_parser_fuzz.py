@@ -1,6 +1,7 @@
 """Model output that is no action at all is an invalid action in every env, never a crash: empty,
 ten times the token budget, undecodable bytes (replacement characters, lone surrogates), only
 special tokens, tags without content, nested and unclosed tags."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,11 +24,16 @@ def nasty():
     specials = "".join(tok.all_special_tokens) * 3
     long = "<think>" + "go to shelf 1 " * 2000 + "</think><action>" + "x" * 5000 + "</action>"
     return {
-        "empty": "", "whitespace": " \n\t ", "special tokens": specials,
-        "ten times the budget": long, "replacement chars": "\ufffd" * 50 + "<action>\ufffd</action>",
+        "empty": "",
+        "whitespace": " \n\t ",
+        "special tokens": specials,
+        "ten times the budget": long,
+        "replacement chars": "\ufffd" * 50 + "<action>\ufffd</action>",
         "lone surrogates": "<think>\udcff\udc80</think><action>go to \ud800</action>",
-        "nul bytes": "<action>\x00\x00</action>", "empty tags": "<think></think><action></action>",
-        "nested": "<action><action>look</action></action>", "unclosed": "<think>hmm<action>look",
+        "nul bytes": "<action>\x00\x00</action>",
+        "empty tags": "<think></think><action></action>",
+        "nested": "<action><action>look</action></action>",
+        "unclosed": "<think>hmm<action>look",
         "tool call garbage": '<tool_call>{"name": ' + "[" * 500 + "</tool_call>",
         "search garbage": "<search></search><answer>",
     }

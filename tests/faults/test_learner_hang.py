@@ -2,6 +2,7 @@
 wedged collective or a hung node would) during a real run through the public entry point: after
 ``learner.call_timeout_s`` the run stops with an error naming the learner rank that did not
 answer and how to resume, instead of hanging, and the checkpoint it had made survives."""
+
 from __future__ import annotations
 
 import os
@@ -9,17 +10,27 @@ import signal
 import time
 
 import pytest
+from test_actor_restart import _launch, _steps
 
 from pipeline.tools.faults import actor_pid
-from test_actor_restart import _launch, _steps
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 20
-ARGS = ["model=tiny", "env=keyword", "trainer.total_steps=50", "trainer.groups_per_step=1",
-        "rollout.group_size=2", "rollout.max_new_tokens=8", "trainer.val_every=0", "trainer.ckpt_every=2",
-        "logger.progress=false", "learner.precision=fp32", "rollout.precision=fp32",
-        f"learner.call_timeout_s={TIMEOUT_S}"]
+ARGS = [
+    "model=tiny",
+    "env=keyword",
+    "trainer.total_steps=50",
+    "trainer.groups_per_step=1",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "trainer.val_every=0",
+    "trainer.ckpt_every=2",
+    "logger.progress=false",
+    "learner.precision=fp32",
+    "rollout.precision=fp32",
+    f"learner.call_timeout_s={TIMEOUT_S}",
+]
 
 
 def test_a_learner_that_stops_answering_ends_the_run_naming_it(tmp_path):

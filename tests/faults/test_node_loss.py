@@ -5,6 +5,7 @@ The node that holds the rollout worker is killed (its raylet and every process o
 Ray restarts the worker on another node that has room, the controller gives it the current
 weights and replays its lost group, and the run finishes every step.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
-ARGS = ["model=tiny", "env=keyword", "method=sdar", f"trainer.total_steps={STEPS}", "trainer.groups_per_step=1",
-        "rollout.group_size=2", "rollout.max_new_tokens=16", "trainer.val_every=0", "trainer.ckpt_every=0",
-        "logger.progress=false", "learner.precision=fp32", "rollout.precision=fp32", "scorer.precision=fp32"]
+ARGS = [
+    "model=tiny",
+    "env=keyword",
+    "method=sdar",
+    f"trainer.total_steps={STEPS}",
+    "trainer.groups_per_step=1",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=16",
+    "trainer.val_every=0",
+    "trainer.ckpt_every=0",
+    "logger.progress=false",
+    "learner.precision=fp32",
+    "rollout.precision=fp32",
+    "scorer.precision=fp32",
+]
 # The nodes take the host's address: a driver joining a cluster (cluster.address) replaces a
 # loopback address by it, as on any real cluster.
 NODE = {"num_cpus": 1, "object_store_memory": 200 * 1024 * 1024}
@@ -74,10 +87,21 @@ def test_the_node_of_the_rollout_worker_is_lost_and_the_worker_comes_back_on_ano
         learner_node = cluster.add_node(**NODE)
         run_dir = tmp_path / "run"
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-        proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *ARGS,
-                                 f"cluster.address={cluster.address}", f"trainer.run_dir={run_dir}"],
-                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "train.py"),
+                *ARGS,
+                f"cluster.address={cluster.address}",
+                f"trainer.run_dir={run_dir}",
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
         # one CPU per node: the learner (created first) takes this node, the worker the next one
         _wait(lambda: _actor_on(learner_node, "LearnerActor"), "learner on its node", proc)
         worker_node = cluster.add_node(**NODE)
@@ -107,15 +131,26 @@ def test_the_node_of_the_learner_is_lost_and_the_run_stops_naming_it_then_contin
 
     cluster = Cluster(initialize_head=True, head_node_args={**NODE, "num_cpus": 0})
     run_dir = tmp_path / "run"
-    args = [*(a for a in ARGS if not a.startswith("trainer.ckpt_every=")), "trainer.ckpt_every=1",
-            f"trainer.run_dir={run_dir}", "trainer.resume=auto"]
+    args = [
+        *(a for a in ARGS if not a.startswith("trainer.ckpt_every=")),
+        "trainer.ckpt_every=1",
+        f"trainer.run_dir={run_dir}",
+        "trainer.resume=auto",
+    ]
     proc = None
     try:
         learner_node = cluster.add_node(**NODE)
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
         cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *args, f"cluster.address={cluster.address}"]
-        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
         _wait(lambda: _actor_on(learner_node, "LearnerActor"), "learner on its node", proc)
         cluster.add_node(**NODE)  # the rollout worker's
         _wait(lambda: len(_steps(run_dir)) >= 2, "step 2", proc)

@@ -1,6 +1,7 @@
 """A run on one machine serves nothing beyond it: during a real run through the public entry
 point, every socket that its processes (the driver, Ray's GCS, raylet, agents and the actors)
 listen on is bound to a loopback address (issue 13 item 8)."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -9,14 +10,23 @@ import signal
 import time
 
 import pytest
-
 from test_actor_restart import _launch, _steps
 
 pytestmark = pytest.mark.integration
 
-ARGS = ["model=tiny", "env=keyword", "trainer.total_steps=3", "trainer.groups_per_step=1", "rollout.group_size=2",
-        "rollout.max_new_tokens=8", "trainer.val_every=0", "trainer.ckpt_every=0", "logger.progress=false",
-        "learner.precision=fp32", "rollout.precision=fp32"]
+ARGS = [
+    "model=tiny",
+    "env=keyword",
+    "trainer.total_steps=3",
+    "trainer.groups_per_step=1",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "trainer.val_every=0",
+    "trainer.ckpt_every=0",
+    "logger.progress=false",
+    "learner.precision=fp32",
+    "rollout.precision=fp32",
+]
 
 
 def _listening(root: int) -> dict[str, list[str]]:

@@ -1,6 +1,7 @@
 """A job a scheduler starts again: the same command with ``trainer.resume=auto`` and a fixed run dir,
 its driver and every Ray process of it killed with SIGKILL twice (a lost node, an OOM kill), ends
 with every step trained once and the same metrics and weights as a run never interrupted."""
+
 from __future__ import annotations
 
 import json
@@ -18,15 +19,31 @@ import torch
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-ARGS = ["model=tiny", "env=keyword", "rollout.max_new_tokens=12", "rollout.group_size=4",
-        "trainer.groups_per_step=2", "trainer.val_every=0", "logger.progress=false", "learner.lr=1e-4",
-        "trainer.total_steps=5", "trainer.ckpt_every=2", "trainer.keep_checkpoints=5", "trainer.resume=auto"]
+ARGS = [
+    "model=tiny",
+    "env=keyword",
+    "rollout.max_new_tokens=12",
+    "rollout.group_size=4",
+    "trainer.groups_per_step=2",
+    "trainer.val_every=0",
+    "logger.progress=false",
+    "learner.lr=1e-4",
+    "trainer.total_steps=5",
+    "trainer.ckpt_every=2",
+    "trainer.keep_checkpoints=5",
+    "trainer.resume=auto",
+]
 COMPARED = ("rollout/reward", "rollout/response_tokens", "learner/loss", "policy/entropy", "learner/grad_norm")
 
 
 def _cmd(run_dir: Path) -> list[str]:
-    return [sys.executable, str(ROOT / "scripts" / "train.py"), *ARGS, f"trainer.run_dir={run_dir}",
-            f"hydra.run.dir={run_dir}/hydra"]
+    return [
+        sys.executable,
+        str(ROOT / "scripts" / "train.py"),
+        *ARGS,
+        f"trainer.run_dir={run_dir}",
+        f"hydra.run.dir={run_dir}/hydra",
+    ]
 
 
 def _steps(run_dir: Path) -> list[dict]:
@@ -36,8 +53,9 @@ def _steps(run_dir: Path) -> list[dict]:
 
 def _kill_tree_after(run_dir: Path, step: int) -> str:
     """Start the job, SIGKILL it with every process it started once ``step`` is in metrics.jsonl."""
-    proc = subprocess.Popen(_cmd(run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        _cmd(run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     t0 = time.time()
     while not any(r["step"] >= step for r in _steps(run_dir)):
         if proc.poll() is not None:

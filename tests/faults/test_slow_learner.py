@@ -3,6 +3,7 @@ the time, as a throttled or swapping node would be) during a real run through th
 point: the buffer never holds more groups than its admission bound, the rollout side waits instead
 of running ahead, no trained group is older than ``trainer.max_policy_lag``, and the run finishes.
 Memory over a long run at this ratio is measured by ``scripts/bench/memory.py --throttle-learner``."""
+
 from __future__ import annotations
 
 import json
@@ -10,17 +11,27 @@ import os
 import signal
 
 import pytest
+from test_actor_restart import _launch, _steps
 
 from pipeline.tools.faults import Throttle, actor_pid
-from test_actor_restart import _launch, _steps
 
 pytestmark = pytest.mark.integration
 
 STEPS, GROUPS, LAG = 10, 2, 1
-ARGS = ["model=tiny", "env=keyword", f"trainer.total_steps={STEPS}", f"trainer.groups_per_step={GROUPS}",
-        f"trainer.max_policy_lag={LAG}", "rollout.group_size=2", "rollout.max_new_tokens=8",
-        "trainer.val_every=0", "trainer.ckpt_every=0", "logger.progress=false",
-        "learner.precision=fp32", "rollout.precision=fp32"]
+ARGS = [
+    "model=tiny",
+    "env=keyword",
+    f"trainer.total_steps={STEPS}",
+    f"trainer.groups_per_step={GROUPS}",
+    f"trainer.max_policy_lag={LAG}",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "trainer.val_every=0",
+    "trainer.ckpt_every=0",
+    "logger.progress=false",
+    "learner.precision=fp32",
+    "rollout.precision=fp32",
+]
 
 
 def test_a_learner_10x_slower_than_rollouts_keeps_the_buffer_and_the_lag_bounded(tmp_path):

@@ -6,6 +6,7 @@ item 3), caught while the learner is inside ``broadcast_weights``:
   run finishes every step;
 * stalled (SIGSTOP, for good): the broadcast times out (``cluster.sync_timeout_s``), the run
   stops with one line naming the cause and a checkpoint of the step it trained, never a hang."""
+
 from __future__ import annotations
 
 import json
@@ -15,12 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-from pipeline.tools.faults import Throttle, actor_pid
 from test_actor_restart import ARGS, STEPS, _launch, _steps
 
-pytestmark = pytest.mark.integration
+from pipeline.tools.faults import Throttle, actor_pid
 
+pytestmark = pytest.mark.integration
 
 
 def _title(pid: int) -> str:
@@ -35,8 +35,11 @@ def _title(pid: int) -> str:
 def _run_and_hit_the_receiver_mid_broadcast(run_dir: Path, sig: int, sync_timeout_s: int):
     """Start a collective-sync run, wait for step 1, then send ``sig`` to the rollout worker while
     the learner is inside a broadcast; returns (exit code, stderr)."""
-    args = [a for a in ARGS if not a.startswith("method=")] + ["method=grpo", "cluster.weight_sync=collective",
-                                                              f"cluster.sync_timeout_s={sync_timeout_s}"]
+    args = [a for a in ARGS if not a.startswith("method=")] + [
+        "method=grpo",
+        "cluster.weight_sync=collective",
+        f"cluster.sync_timeout_s={sync_timeout_s}",
+    ]
     proc = _launch(args, run_dir)
     throttle = None
     try:

@@ -23,6 +23,7 @@ Tolerances: fp32 log-prob parity 1e-3 absolute (the CPU test measures about 1e-6
 1e-4; the KV-cached decode and the full forward may pick different CUDA kernels); checksums are
 float64 sums of every tensor and must match exactly after a bit-exact transfer.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,10 @@ import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
-NEEDS_CUDA = [pytest.mark.gpu,
-              pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
+NEEDS_CUDA = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+]
 ON_EACH_DEVICE = pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)])
 
 PARITY_ATOL_FP32 = 1e-3
@@ -74,19 +77,27 @@ def _random_batch(vocab: int, rows: int = 4, seed: int = 0):
         p, r = int(p_len[b]), int(r_len[b])
         ids[b, : p + r] = torch.randint(3, vocab, (p + r,), generator=g)
         attn[b, : p + r] = 1
-        resp[b, p: p + r] = 1.0
+        resp[b, p : p + r] = 1.0
     behaviour = (-torch.rand(rows, T, generator=g) * 3 - 3) * resp  # about log(1/vocab)
     adv = torch.randn(rows, 1, generator=g).expand(rows, T) * resp
-    return TrainBatch(input_ids=ids, attention_mask=attn, response_mask=resp,
-                      behaviour_logprobs=behaviour, advantages=adv.contiguous(),
-                      entropy_coef=0.001, versions=[0] * rows)
+    return TrainBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        response_mask=resp,
+        behaviour_logprobs=behaviour,
+        advantages=adv.contiguous(),
+        entropy_coef=0.001,
+        versions=[0] * rows,
+    )
 
 
 def _batch_to(batch, device):
     from dataclasses import replace
 
-    kw = {n: getattr(batch, n).to(device) for n in
-          ("input_ids", "attention_mask", "response_mask", "behaviour_logprobs", "advantages")}
+    kw = {
+        n: getattr(batch, n).to(device)
+        for n in ("input_ids", "attention_mask", "response_mask", "behaviour_logprobs", "advantages")
+    }
     kw["aux"] = {k: v.to(device) for k, v in batch.aux.items()}
     return replace(batch, **kw)
 
@@ -141,8 +152,10 @@ def test_teacher_scorer_at_auto_precision_stays_near_the_fp32_learner(device):
     assert next(scorer.model.parameters()).dtype == as_torch_dtype(want)
     vocab = scorer.model.config.vocab_size
     g = torch.Generator().manual_seed(1)
-    items = [(torch.randint(3, vocab, (p,), generator=g).tolist(), torch.randint(3, vocab, (r,), generator=g).tolist())
-             for p, r in ((7, 9), (13, 4), (20, 15))]
+    items = [
+        (torch.randint(3, vocab, (p,), generator=g).tolist(), torch.randint(3, vocab, (r,), generator=g).tolist())
+        for p, r in ((7, 9), (13, 4), (20, 15))
+    ]
     teacher, _ = scorer.score(items)
     ref = response_logprobs(load_model(path, "fp32", "cpu"), [p for p, _ in items], [r for _, r in items])
     gaps = torch.cat([(torch.tensor(t) - r).abs() for t, r in zip(teacher, ref)])
@@ -185,8 +198,9 @@ def _run_learner(tmp_path: Path, device: str, move_batch: bool) -> dict:
     import torch.multiprocessing as mp
 
     out = tmp_path / f"learner_{device}_{int(move_batch)}.json"
-    ctx = mp.start_processes(_learner_child, args=(device, _model_dir(), str(out), move_batch),
-                             nprocs=1, join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _learner_child, args=(device, _model_dir(), str(out), move_batch), nprocs=1, join=False, start_method="spawn"
+    )
     _join(ctx, "the learner child")
     return json.loads(out.read_text())
 
@@ -231,11 +245,20 @@ def _hinted_batch(vocab: int, rows: int = 4, seed: int = 0):
         seqs.append(torch.cat([hint, batch.input_ids[b, :n]]))
         masks.append(torch.cat([torch.zeros(5), resp.float()]))
     T = max(len(x) for x in seqs)
-    ids, attn, mask = torch.zeros(rows, T, dtype=torch.long), torch.zeros(rows, T, dtype=torch.long), torch.zeros(rows, T)
+    ids, attn, mask = (
+        torch.zeros(rows, T, dtype=torch.long),
+        torch.zeros(rows, T, dtype=torch.long),
+        torch.zeros(rows, T),
+    )
     for b, (x, m) in enumerate(zip(seqs, masks)):
-        ids[b, :len(x)], attn[b, :len(x)], mask[b, :len(x)] = x, 1, m
-    return replace(batch, teacher_input_ids=ids, teacher_attention_mask=attn, teacher_response_mask=mask,
-                   aux_terms=[AuxTerm(name="sd", kind="full_kl", coef=0.1)])
+        ids[b, : len(x)], attn[b, : len(x)], mask[b, : len(x)] = x, 1, m
+    return replace(
+        batch,
+        teacher_input_ids=ids,
+        teacher_attention_mask=attn,
+        teacher_response_mask=mask,
+        aux_terms=[AuxTerm(name="sd", kind="full_kl", coef=0.1)],
+    )
 
 
 def _resume_child(rank: int, device: str, zero: int, model_dir: str, ckpt: str, out: str) -> None:
@@ -257,10 +280,15 @@ def _resume_child(rank: int, device: str, zero: int, model_dir: str, ckpt: str, 
     worker.train_step([_hinted_batch(worker.module.config.vocab_size, seed=1)])  # moves away from the save
     moved = _checksums(worker.state_dict_for_sync())
     version = worker.load_checkpoint(ckpt)
-    result = {"metrics": {k: float(value) for k, (value, _reduce) in metrics.items()},
-              "device": str(worker.engine.device), "ref_device": str(next(worker.ref_model.parameters()).device),
-              "version": version, "saved": saved, "moved": moved,
-              "loaded": _checksums(worker.state_dict_for_sync())}
+    result = {
+        "metrics": {k: float(value) for k, (value, _reduce) in metrics.items()},
+        "device": str(worker.engine.device),
+        "ref_device": str(next(worker.ref_model.parameters()).device),
+        "version": version,
+        "saved": saved,
+        "moved": moved,
+        "loaded": _checksums(worker.state_dict_for_sync()),
+    }
     Path(out).write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -276,8 +304,13 @@ def test_learner_reference_kl_learner_side_teacher_and_checkpoint_resume(tmp_pat
     from transformers import AutoModelForCausalLM
 
     out, ckpt = tmp_path / "resume.json", tmp_path / "ckpt"
-    ctx = mp.start_processes(_resume_child, args=(device, zero, _model_dir(), str(ckpt), str(out)),
-                             nprocs=1, join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _resume_child,
+        args=(device, zero, _model_dir(), str(ckpt), str(out)),
+        nprocs=1,
+        join=False,
+        start_method="spawn",
+    )
     _join(ctx, "the resume child")
     r = json.loads(out.read_text())
     assert r["device"].startswith(device) and r["ref_device"].startswith(device), r
@@ -299,8 +332,9 @@ def _bcast_child(rank: int, world: int, port: int, model_dir: str, out_dir: str)
     from transformers import AutoModelForCausalLM
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, device_id=torch.device("cuda", rank))
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=torch.device("cuda", rank)
+    )
     sd = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(f"cuda:{rank}").state_dict()
     if rank != 0:  # the receiver starts from zeros, so only the broadcast can fill it
         sd = {k: torch.zeros_like(v) for k, v in sd.items()}
@@ -313,14 +347,17 @@ def _bcast_child(rank: int, world: int, port: int, model_dir: str, out_dir: str)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
-@pytest.mark.skipif(CUDA and torch.cuda.device_count() < 2,
-                    reason="an NCCL broadcast between two processes needs two GPUs: NCCL refuses two "
-                           "ranks on one device ('Duplicate GPU detected'); the CUDA IPC test covers one GPU")
+@pytest.mark.skipif(
+    CUDA and torch.cuda.device_count() < 2,
+    reason="an NCCL broadcast between two processes needs two GPUs: NCCL refuses two "
+    "ranks on one device ('Duplicate GPU detected'); the CUDA IPC test covers one GPU",
+)
 def test_nccl_broadcast_of_a_state_dict_matches_checksums(tmp_path):
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_bcast_child, args=(2, _free_port(), _model_dir(), str(tmp_path)),
-                             nprocs=2, join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _bcast_child, args=(2, _free_port(), _model_dir(), str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+    )
     _join(ctx, "the broadcast children")
     sent = json.loads((tmp_path / "rank0.json").read_text())
     got = json.loads((tmp_path / "rank1.json").read_text())

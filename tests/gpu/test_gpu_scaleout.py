@@ -6,6 +6,7 @@
 2. The vLLM engine on cuda, if vLLM is installed: processed log-probs equal ``forward_response``
    on cuda, in-place reloads with the prefix cache reset, sleep mode frees memory.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,10 @@ import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
-NEEDS_CUDA = [pytest.mark.gpu,
-              pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
+NEEDS_CUDA = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+]
 
 CHILD_TIMEOUT = 240
 PARITY_ATOL_FP32 = 1e-3
@@ -72,8 +75,13 @@ def test_collective_weight_sync_with_device_buffers(tmp_path, where):
     import torch.multiprocessing as mp
 
     backend = "nccl" if where == "cuda" and torch.cuda.device_count() >= 2 else "gloo"
-    ctx = mp.start_processes(_sync_child, args=(2, _free_port(), backend, where, _model_dir(), str(tmp_path)),
-                             nprocs=2, join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _sync_child,
+        args=(2, _free_port(), backend, where, _model_dir(), str(tmp_path)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
     deadline = time.monotonic() + CHILD_TIMEOUT
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:
@@ -104,8 +112,7 @@ def test_vllm_engine_on_cuda_parity_reload_and_sleep():
     from pipeline.models import load_model, resolve_model
 
     path = resolve_model("tiny")  # SmolLM2's tokenizer and chat template, head_dim 32
-    eng = VLLMEngine(path, dtype="fp32", max_model_len=1024, gpu_memory_utilization=0.3,
-                     enable_sleep_mode=True)
+    eng = VLLMEngine(path, dtype="fp32", max_model_len=1024, gpu_memory_utilization=0.3, enable_sleep_mode=True)
     hf = load_model(path, "float32", "cuda")
     prompts = [_chat(eng.tokenizer, q) for q in ("hi", "put a mug on the table " * 30)]
 

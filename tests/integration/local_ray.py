@@ -4,6 +4,7 @@ The head runs in its own temp dir and process group, with free ports, on 127.0.0
 stops exactly the processes it started (SIGTERM to ``ray start --block``, then whatever of its
 tree is left), so a test never touches another Ray on the machine (``ray stop --force`` would).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +41,15 @@ def cluster_env() -> dict[str, str]:
     env = dict(os.environ)
     # The cluster's `python` (the job's interpreter) is this venv's, as after `. .venv/bin/activate`.
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env.update({"RAY_AUTH_MODE": "disabled", "DS_ACCELERATOR": "cpu", "WANDB_MODE": "offline",
-                "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"})
+    env.update(
+        {
+            "RAY_AUTH_MODE": "disabled",
+            "DS_ACCELERATOR": "cpu",
+            "WANDB_MODE": "offline",
+            "HF_HUB_OFFLINE": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+    )
     for k in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
         env.pop(k, None)
     return env
@@ -87,8 +95,9 @@ def _ready(head: Head) -> bool:
             return requests.get(f"{head.dashboard_url}/api/version", timeout=2).ok
         except requests.RequestException:
             return False
-    st = subprocess.run([RAY, "status", "--address", head.address], env=cluster_env(),
-                        capture_output=True, text=True, timeout=60)
+    st = subprocess.run(
+        [RAY, "status", "--address", head.address], env=cluster_env(), capture_output=True, text=True, timeout=60
+    )
     return st.returncode == 0 and "CPU" in st.stdout
 
 
@@ -97,23 +106,36 @@ def _start(num_cpus: int, dashboard: bool, timeout: float, temp: str):
     raises. The ports are picked free but only bound by Ray later, so another socket can take one
     in between: the caller retries on a port clash."""
     gcs, dash, client, agent, agent_grpc, rt_agent, metrics = free_ports(7)
-    cmd = [RAY, "start", "--head", "--block", f"--port={gcs}", f"--ray-client-server-port={client}",
-           f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
-           f"--runtime-env-agent-port={rt_agent}", f"--metrics-export-port={metrics}",
-           f"--num-cpus={num_cpus}", "--disable-usage-stats", f"--temp-dir={temp}"]
+    cmd = [
+        RAY,
+        "start",
+        "--head",
+        "--block",
+        f"--port={gcs}",
+        f"--ray-client-server-port={client}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--runtime-env-agent-port={rt_agent}",
+        f"--metrics-export-port={metrics}",
+        f"--num-cpus={num_cpus}",
+        "--disable-usage-stats",
+        f"--temp-dir={temp}",
+    ]
     cmd += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dash}"] if dashboard else ["--include-dashboard=false"]
     log_path = Path(temp) / "ray_start.log"
     log = open(log_path, "w")
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=cluster_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=temp)
+    proc = subprocess.Popen(
+        cmd, env=cluster_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=temp
+    )
     head = Head(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}" if dashboard else None, 0.0)
     try:
         while not _ready(head):
             if proc.poll() is not None:
                 text = log_path.read_text()
                 raise (_PortClash if _PORT_CLASH.search(text) else RuntimeError)(
-                    f"ray start exited {proc.returncode}: {text[-3000:]}")
+                    f"ray start exited {proc.returncode}: {text[-3000:]}"
+                )
             if time.monotonic() - t0 > timeout:
                 raise RuntimeError(f"the Ray head did not come up within {timeout:.0f} s")
             time.sleep(0.5)

@@ -1,4 +1,5 @@
 """The command line as users run it: Hydra multirun with a sweep summary, and one-line errors."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -6,14 +7,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["model=tiny", "env=keyword", "trainer.total_steps=1", "trainer.val_every=0",
-        "trainer.ckpt_every=0", "rollout.max_new_tokens=8", "rollout.group_size=2",
-        "trainer.groups_per_step=1", "logger.progress=false"]
+TINY = [
+    "model=tiny",
+    "env=keyword",
+    "trainer.total_steps=1",
+    "trainer.val_every=0",
+    "trainer.ckpt_every=0",
+    "rollout.max_new_tokens=8",
+    "rollout.group_size=2",
+    "trainer.groups_per_step=1",
+    "logger.progress=false",
+]
 
 
 def train(args, cwd):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.mark.integration
@@ -26,12 +40,15 @@ def test_multirun_sweeps_sdar_beta_and_writes_a_summary_table(tmp_path):
     assert len(list(sweep.glob("*/metrics.jsonl"))) == 2
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["learner.zero_stage=7"], "privy-rl: config error: learner.zero_stage=7"),
-    (["method=sdar", "method.beta=-1"], "privy-rl: config error: method=sdar"),
-    (["model=hf_path", "model.path=/nonexistent/model"], "privy-rl: missing file: model.path=/nonexistent/model"),
-    (["+env.options.bogus=1"], "privy-rl: config error: env"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["learner.zero_stage=7"], "privy-rl: config error: learner.zero_stage=7"),
+        (["method=sdar", "method.beta=-1"], "privy-rl: config error: method=sdar"),
+        (["model=hf_path", "model.path=/nonexistent/model"], "privy-rl: missing file: model.path=/nonexistent/model"),
+        (["+env.options.bogus=1"], "privy-rl: config error: env"),
+    ],
+)
 def test_bad_launches_fail_with_one_line(tmp_path, args, needle):
     r = train([*TINY, *args, f"trainer.run_dir={tmp_path / 'run'}"], tmp_path)
     assert r.returncode != 0
@@ -41,8 +58,13 @@ def test_bad_launches_fail_with_one_line(tmp_path, args, needle):
 
 
 def _launch(args, cwd):
-    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *args], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for_steps(metrics: Path, n: int, proc, timeout: float = 300) -> int:
@@ -58,8 +80,17 @@ def _wait_for_steps(metrics: Path, n: int, proc, timeout: float = 300) -> int:
     raise AssertionError(f"no {n} steps within {timeout} s")
 
 
-LONG = ["model=tiny", "env=keyword", "trainer.total_steps=500", "trainer.val_every=0", "trainer.ckpt_every=0",
-        "rollout.max_new_tokens=48", "rollout.group_size=8", "trainer.groups_per_step=2", "logger.progress=false"]
+LONG = [
+    "model=tiny",
+    "env=keyword",
+    "trainer.total_steps=500",
+    "trainer.val_every=0",
+    "trainer.ckpt_every=0",
+    "rollout.max_new_tokens=48",
+    "rollout.group_size=8",
+    "trainer.groups_per_step=2",
+    "logger.progress=false",
+]
 
 
 @pytest.mark.integration
@@ -79,8 +110,16 @@ def test_ctrl_c_finishes_the_step_checkpoints_and_the_run_resumes(tmp_path):
     assert latest == f"step_{steps[-1]:06d}", "the checkpoint is not of the last finished step"
     assert f"stopped after step {steps[-1]} of 500" in err and f"trainer.resume={run_dir}" in err
     assert "Traceback" not in err
-    resumed = train([*LONG[:2], f"trainer.total_steps={steps[-1] + 1}", *LONG[3:], f"trainer.run_dir={run_dir}",
-                     f"trainer.resume={run_dir}"], tmp_path)
+    resumed = train(
+        [
+            *LONG[:2],
+            f"trainer.total_steps={steps[-1] + 1}",
+            *LONG[3:],
+            f"trainer.run_dir={run_dir}",
+            f"trainer.resume={run_dir}",
+        ],
+        tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == steps[-2] + 1
@@ -126,8 +165,16 @@ def test_sigterm_with_a_short_grace_checkpoints_the_last_completed_step_and_the_
     assert (f"step_abandoned: step={steps[-1] + 1}" in err) == bool(abandoned)
     assert f"stopped after step {steps[-1]} of 500" in err and f"trainer.resume={run_dir}" in err
     assert "Traceback" not in err
-    resumed = train([*LONG[:2], f"trainer.total_steps={steps[-1] + 1}", *LONG[3:], f"trainer.run_dir={run_dir}",
-                     f"trainer.resume={run_dir}"], tmp_path)
+    resumed = train(
+        [
+            *LONG[:2],
+            f"trainer.total_steps={steps[-1] + 1}",
+            *LONG[3:],
+            f"trainer.run_dir={run_dir}",
+            f"trainer.resume={run_dir}",
+        ],
+        tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == steps[-2] + 1

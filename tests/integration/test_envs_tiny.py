@@ -1,14 +1,24 @@
 """Every environment trains two steps end to end (real Ray actors, DeepSpeed, the tiny model)."""
+
 import pytest
 
-from pipeline.tools.cli import compose
 from pipeline.orchestration.run import run_training
+from pipeline.tools.cli import compose
 
 pytestmark = pytest.mark.integration
 
-BASE = ["model=tiny", "rollout.max_new_tokens=8", "rollout.group_size=2", "trainer.groups_per_step=1",
-        "trainer.total_steps=2", "trainer.val_every=2", "trainer.val_tasks=1",
-        "rollout.val_temperatures=[0.0]", "trainer.ckpt_every=0", "logger.progress=false"]
+BASE = [
+    "model=tiny",
+    "rollout.max_new_tokens=8",
+    "rollout.group_size=2",
+    "trainer.groups_per_step=1",
+    "trainer.total_steps=2",
+    "trainer.val_every=2",
+    "trainer.val_tasks=1",
+    "rollout.val_temperatures=[0.0]",
+    "trainer.ckpt_every=0",
+    "logger.progress=false",
+]
 
 ENVS = {
     "alfworld": ["env.options.max_turns=2"],

@@ -2,13 +2,14 @@
 ``model.chat_template=gemma``. The HF engine's behaviour log-probs match the learner's forward
 (``forward_response``, the learner's own scoring) on sampled chat turns, and the template's
 end-of-turn token stops generation."""
+
 import pytest
 import torch
 
 from actors.engines.hf import HFEngine
-from pipeline.tools.cli import compose
 from pipeline.algorithm.logprobs import response_logprobs
 from pipeline.models import GEMMA3_N_PARAMS, has_chat_template, load_tokenizer
+from pipeline.tools.cli import compose
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -32,9 +33,14 @@ def test_gemma3_is_a_base_model_that_needs_a_template(gemma3_model_dir):
 def test_gemma3_engine_logprobs_match_the_learner_forward(engine):
     tok = engine.tokenizer
     assert type(engine.model).__name__ == "Gemma3ForCausalLM"
-    prompts = [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False))
-               for q in ("Name a colour.", "Count to three, please.")]
+    prompts = [
+        list(
+            tok.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+        for q in ("Name a colour.", "Count to three, please.")
+    ]
     assert tok.convert_ids_to_tokens(prompts[0][:2]) == ["<bos>", "<start_of_turn>"]
     for temperature, seed in ((1.0, 0), (0.7, 1)):
         gens = engine.generate(prompts, max_new_tokens=12, temperature=temperature, seed=seed)

@@ -5,6 +5,7 @@ Parity tolerance: 1e-4 absolute in fp32 (measured about 1e-6: the KV-cached deco
 forward differ only in summation order). bf16 is checked loosely (0.15), since there the two
 paths round differently.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -194,8 +195,12 @@ def test_smollm2_engine_logprobs_match_forward_response(smollm2_model_dir):
 
 def test_a_requests_sample_does_not_depend_on_the_other_requests_of_its_batch(engine, chat_prompts):
     alone = engine.generate(chat_prompts[:1], max_new_tokens=12, temperature=1.0, seeds=[41])
-    batched = engine.generate([*chat_prompts, chat_prompts[0]], max_new_tokens=12, temperature=1.0,
-                              seeds=[41, *range(100, 100 + len(chat_prompts))])
+    batched = engine.generate(
+        [*chat_prompts, chat_prompts[0]],
+        max_new_tokens=12,
+        temperature=1.0,
+        seeds=[41, *range(100, 100 + len(chat_prompts))],
+    )
     assert batched[0].token_ids == alone[0].token_ids
     second = engine.generate(chat_prompts[1:2], max_new_tokens=12, temperature=1.0, seeds=[101])
     assert batched[2].token_ids == second[0].token_ids  # the same prompt and seed, another batch

@@ -5,13 +5,14 @@ hides) exactly as the controller asks them to (``method.student_view()``, and th
 demonstrations where the method wants them); every prompt the engine was given and every row's
 prompt is read back. The controller's side (the same view for training and plain validation; a
 hint only in the privileged replay) is tests/unit/test_controller_with_fake_workers.py."""
+
 from __future__ import annotations
 
 import pytest
+from scripted_envs import rollout_worker
 
 from envs import make_env
 from pipeline.methods import available_methods, build_method, load_preset
-from scripted_envs import rollout_worker
 
 pytestmark = pytest.mark.integration
 
@@ -49,9 +50,15 @@ def test_the_students_prompts_never_carry_the_hint(tiny_model_dir, name):
             env = make_env("keyword", {"hint_format": False}, split=split)
             env.reset(seed)
             hints.append(env.privileged_hint())
-            group = worker.run_group(task_seed=seed, split=split, group_size=2, temperature=1.0, sample_seed=seed,
-                                     view=method.student_view(),
-                                     demonstrate=split == "train" and method.wants_demonstrations(0))
+            group = worker.run_group(
+                task_seed=seed,
+                split=split,
+                group_size=2,
+                temperature=1.0,
+                sample_seed=seed,
+                view=method.student_view(),
+                demonstrate=split == "train" and method.wants_demonstrations(0),
+            )
             rows += [r for e in group.episodes + group.demonstrations for r in e.turns]
             if name == "hint_imitation" and split == "train":
                 assert group.demonstrations, "the hinted expert's episode is a demonstration"

@@ -1,6 +1,7 @@
 """One real learner step (DeepSpeed on gloo, tiny model, a LearnerActor in Ray): the step's
 metrics are token means over all its mini-batches, and the distillation term's importance weight
 is against the learner's own log-probs, so the engine's behaviour log-probs cannot move it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,15 +34,22 @@ def _batch(model_dir, lengths: list[tuple[int, int]], seed: int = 0) -> tuple[Tr
     attn = torch.zeros(B, T, dtype=torch.long)
     resp = torch.zeros(B, T)
     for b, (p, r) in enumerate(lengths):
-        ids[b, :p + r] = torch.randint(0, vocab, (p + r,), generator=g)
-        attn[b, :p + r] = 1
-        resp[b, p:p + r] = 1.0
+        ids[b, : p + r] = torch.randint(0, vocab, (p + r,), generator=g)
+        attn[b, : p + r] = 1
+        resp[b, p : p + r] = 1.0
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         lp = forward_response(model, ids, attn, resp, with_entropy=False).logprobs
     adv = torch.randn(B, 1, generator=g).expand(B, T) * resp
-    batch = TrainBatch(input_ids=ids, attention_mask=attn, response_mask=resp, behaviour_logprobs=lp.clone(),
-                       advantages=adv.contiguous(), entropy_coef=0.0, versions=[0] * B)
+    batch = TrainBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        response_mask=resp,
+        behaviour_logprobs=lp.clone(),
+        advantages=adv.contiguous(),
+        entropy_coef=0.0,
+        versions=[0] * B,
+    )
     return batch, lp
 
 
@@ -49,9 +57,21 @@ def _train(ray, model_dir, minibatches: list[TrainBatch], cfg: LearnerConfig):
     """A fresh rank-0 learner takes one train_step; returns (metrics, weights)."""
     from actors.learner import LearnerActor
 
-    actor = ray.remote(LearnerActor).options(num_cpus=0.5).remote(
-        cfg, str(model_dir), temperature=1.0, total_steps=10, rank=0, world_size=1, seed=0,
-        master_addr="127.0.0.1", threads=1)
+    actor = (
+        ray.remote(LearnerActor)
+        .options(num_cpus=0.5)
+        .remote(
+            cfg,
+            str(model_dir),
+            temperature=1.0,
+            total_steps=10,
+            rank=0,
+            world_size=1,
+            seed=0,
+            master_addr="127.0.0.1",
+            threads=1,
+        )
+    )
     try:
         ray.get(actor.ping.remote(), timeout=TIMEOUT)
         metrics = asyncio.run(asyncio.wait_for(LearnerGroup([actor], pad_id=0).train_step(minibatches), TIMEOUT))
@@ -66,8 +86,9 @@ def test_step_metrics_weight_each_mini_batch_by_its_tokens(ray_local, tiny_model
     batch, _ = _batch(tiny_model_dir, [(5, 40), (5, 40), (5, 3), (5, 3)])
     first, second = slice_rows(batch, 0, 2), slice_rows(batch, 2, 4)
     second = replace(second, behaviour_logprobs=(second.behaviour_logprobs - 1.0) * second.response_mask)
-    cfg = LearnerConfig(precision="fp32", lr=1e-6, correction="decoupled", behaviour_cap=2.0,
-                        mini_batches=2, micro_batch_tokens=4096)
+    cfg = LearnerConfig(
+        precision="fp32", lr=1e-6, correction="decoupled", behaviour_cap=2.0, mini_batches=2, micro_batch_tokens=4096
+    )
     metrics, _ = _train(ray_local, tiny_model_dir, [first, second], cfg)
     n1, n2 = first.n_tokens, second.n_tokens
     assert metrics["policy/behaviour_weight_mean"] == pytest.approx((n1 * 1.0 + n2 * 2.0) / (n1 + n2), rel=1e-4)
@@ -78,8 +99,12 @@ def test_the_distillation_weight_ignores_the_engines_behaviour_logprobs(ray_loca
     batch, lp = _batch(tiny_model_dir, [(6, 12), (6, 9), (6, 14)])
     g = torch.Generator().manual_seed(1)
     teacher = (lp + 0.5 * torch.randn(lp.shape, generator=g)) * batch.response_mask
-    distill = replace(batch, aux={"teacher_logprobs": teacher}, policy_loss_coef=0.0,
-                      aux_terms=[AuxTerm(name="opd", kind="k3_is", coef=1.0)])
+    distill = replace(
+        batch,
+        aux={"teacher_logprobs": teacher},
+        policy_loss_coef=0.0,
+        aux_terms=[AuxTerm(name="opd", kind="k3_is", coef=1.0)],
+    )
     # A bf16 engine's log-probs: off by up to 0.3 nats from the learner's own.
     noisy = replace(distill, behaviour_logprobs=(lp + 0.3 * torch.randn(lp.shape, generator=g)) * batch.response_mask)
     cfg = LearnerConfig(precision="fp32", lr=1e-3, correction="none", micro_batch_tokens=4096)
@@ -87,8 +112,9 @@ def test_the_distillation_weight_ignores_the_engines_behaviour_logprobs(ray_loca
     m_noisy, w_noisy = _train(ray_local, tiny_model_dir, [noisy], cfg)
     assert m_noisy["opd/rho_mean"] == pytest.approx(1.0, abs=1e-6)  # on-policy at the first update
     assert m_noisy["opd/alignment"] == pytest.approx(m_exact["opd/alignment"], abs=1e-6)
-    assert m_exact["opd/alignment"] == pytest.approx(float(((lp - teacher) * batch.response_mask).sum()
-                                                           / batch.response_mask.sum()), abs=1e-4)
+    assert m_exact["opd/alignment"] == pytest.approx(
+        float(((lp - teacher) * batch.response_mask).sum() / batch.response_mask.sum()), abs=1e-4
+    )
     worst = max((w_noisy[k] - w_exact[k]).abs().max().item() for k in w_exact)
     assert worst == 0.0, f"the behaviour log-probs moved the distillation update by {worst:.2e}"
 

@@ -5,12 +5,13 @@ Task success (all three criteria) is asserted from a warm start in test_learning
 From the instruct model it depends on the CPU: on a Xeon with AMX it rose within 14 steps, on an
 AMD EPYC with avx512_bf16 (no AMX) the same seed settled on two of the three criteria (reward
 0.17 -> 0.67, success 0 at every step)."""
+
 import statistics
 
 import pytest
 
-from pipeline.tools.cli import compose
 from pipeline.orchestration.run import run_training
+from pipeline.tools.cli import compose
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -18,9 +19,19 @@ STEPS = 14
 
 
 def test_smollm2_grpo_raises_reward_on_the_keyword_task(ray_local, tmp_path):
-    cfg = compose(["env=keyword", f"trainer.total_steps={STEPS}", "trainer.val_every=0",
-                   "trainer.ckpt_every=0", "rollout.max_new_tokens=24", "rollout.group_size=8",
-                   "trainer.groups_per_step=2", "learner.lr=5e-5", "logger.progress=false"])
+    cfg = compose(
+        [
+            "env=keyword",
+            f"trainer.total_steps={STEPS}",
+            "trainer.val_every=0",
+            "trainer.ckpt_every=0",
+            "rollout.max_new_tokens=24",
+            "rollout.group_size=8",
+            "trainer.groups_per_step=2",
+            "learner.lr=5e-5",
+            "logger.progress=false",
+        ]
+    )
     history = run_training(cfg, tmp_path)
     rewards = [h["rollout/reward"] for h in history]
     first = statistics.fmean(rewards[:3])

@@ -9,6 +9,7 @@ HF engine).
 Search-QA's warm start + GRPO is the larger run (docs/results.md); its smallest version that we
 tried for CI did not learn in 8 steps and took 13 minutes, so CI runs this one.
 """
+
 import pytest
 
 from pipeline.orchestration.run import run_training

@@ -1,15 +1,24 @@
 """Every method trains end to end: real Ray actors (rollout, learner, teacher scorer), a real
 DeepSpeed engine, the tiny model, the keyword env (whose rubric feeds targeted guidance)."""
+
 import pytest
 
-from pipeline.tools.cli import compose
 from pipeline.orchestration.run import run_training
+from pipeline.tools.cli import compose
 
 pytestmark = pytest.mark.integration
 
-BASE = ["model=tiny", "env=keyword", "rollout.max_new_tokens=10", "rollout.group_size=3",
-        "trainer.groups_per_step=2", "trainer.val_every=0", "trainer.ckpt_every=0",
-        "logger.progress=false", "learner.lr=1e-4"]
+BASE = [
+    "model=tiny",
+    "env=keyword",
+    "rollout.max_new_tokens=10",
+    "rollout.group_size=3",
+    "trainer.groups_per_step=2",
+    "trainer.val_every=0",
+    "trainer.ckpt_every=0",
+    "logger.progress=false",
+    "learner.lr=1e-4",
+]
 
 TEACHER_METHODS = ["sdar", "opsd", "grpo_opsd", "skill_sd"]
 
@@ -43,8 +52,7 @@ def test_the_controls_train_without_a_teacher(ray_local, tmp_path):
 
 
 def test_adrs_scores_only_inside_its_schedule(ray_local, tmp_path):
-    cfg = compose(BASE + ["method=adrs", "trainer.total_steps=3", "method.warmup_steps=1",
-                          "method.active_steps=1"])
+    cfg = compose(BASE + ["method=adrs", "trainer.total_steps=3", "method.warmup_steps=1", "method.active_steps=1"])
     history = run_training(cfg, tmp_path)
     scored = ["teacher/seconds" in h for h in history]
     assert scored == [False, True, False]
@@ -52,8 +60,7 @@ def test_adrs_scores_only_inside_its_schedule(ray_local, tmp_path):
 
 @pytest.mark.parametrize("estimator", ["full_kl", "k3_is"])
 def test_targeted_guidance_distils_on_failed_turns(ray_local, tmp_path, estimator):
-    cfg = compose(BASE + ["method=targeted_guidance", f"method.estimator={estimator}",
-                          "trainer.total_steps=2"])
+    cfg = compose(BASE + ["method=targeted_guidance", f"method.estimator={estimator}", "trainer.total_steps=2"])
     history = run_training(cfg, tmp_path)
     last = history[-1]
     # A random tiny model fails the rubric, so every one-turn episode has a failed turn.
@@ -65,22 +72,41 @@ def test_targeted_guidance_distils_on_failed_turns(ray_local, tmp_path, estimato
 def test_targeted_guidance_on_code_edit_with_tool_messages_distils_failed_turns(ray_local, tmp_path, estimator):
     # tool_role=tool (Qwen-style templates): prompts after turn 0 end with a tool message, and the
     # feedback must go right before the response there too (a user turn after the tool result).
-    cfg = compose(BASE + ["env=code_edit", "+env.options.tool_role=tool", "+env.options.max_turns=2",
-                          "rollout.max_prompt_tokens=2048", "rollout.group_size=2", "trainer.groups_per_step=1",
-                          "method=targeted_guidance", f"method.estimator={estimator}", "trainer.total_steps=1"])
+    cfg = compose(
+        BASE
+        + [
+            "env=code_edit",
+            "+env.options.tool_role=tool",
+            "+env.options.max_turns=2",
+            "rollout.max_prompt_tokens=2048",
+            "rollout.group_size=2",
+            "trainer.groups_per_step=1",
+            "method=targeted_guidance",
+            f"method.estimator={estimator}",
+            "trainer.total_steps=1",
+        ]
+    )
     history = run_training(cfg, tmp_path)
     last = history[-1]
     assert last["rollout/turns_per_episode"] == 2.0  # the tiny model never finishes: two turns each
     assert last["tg/failed_turn_fraction"] > 0 and "tg/loss" in last
 
 
-RETIRING = ["method.window=1", "trainer.val_every=1", "trainer.val_tasks=2", "rollout.val_temperatures=[0.4]",
-            "method.gamma=0.01", "method.delta=-1000.0", "trainer.total_steps=3"]
+RETIRING = [
+    "method.window=1",
+    "trainer.val_every=1",
+    "trainer.val_tasks=2",
+    "rollout.val_temperatures=[0.4]",
+    "method.gamma=0.01",
+    "method.delta=-1000.0",
+    "trainer.total_steps=3",
+]
 
 
 def test_gated_retire_opd_yaml_only_trains_its_teacher_then_a_gated_opd_term(ray_local, tmp_path):
-    history = run_training(compose(BASE + ["method=gated_retire_opd", "method.phase1_steps=2", *RETIRING]),
-                           tmp_path / "run")
+    history = run_training(
+        compose(BASE + ["method=gated_retire_opd", "method.phase1_steps=2", *RETIRING]), tmp_path / "run"
+    )
     assert (tmp_path / "run" / "phase1_teacher" / "metrics.jsonl").exists()
     first = history[0]
     assert "opd/gate_mean" in first and "opd/rho_mean" in first  # K3-IS weighted by SDAR's gate
@@ -98,10 +124,18 @@ def test_retiring_targeted_guidance_yaml_only_measures_its_teacher_and_retires(r
 
 
 def test_retire_opd_trains_its_teacher_retires_it_and_stays_retired_after_resume(ray_local, tmp_path):
-    over = BASE + ["method=retire_opd", "method.phase1_steps=2", "method.window=1",
-                   "trainer.val_every=1", "trainer.val_tasks=2", "method.gamma=0.01",
-                   "method.delta=-1000.0", "rollout.val_temperatures=[0.4]",
-                   "trainer.ckpt_every=3", "trainer.keep_checkpoints=5"]
+    over = BASE + [
+        "method=retire_opd",
+        "method.phase1_steps=2",
+        "method.window=1",
+        "trainer.val_every=1",
+        "trainer.val_tasks=2",
+        "method.gamma=0.01",
+        "method.delta=-1000.0",
+        "rollout.val_temperatures=[0.4]",
+        "trainer.ckpt_every=3",
+        "trainer.keep_checkpoints=5",
+    ]
     history = run_training(compose(over + ["trainer.total_steps=4"]), tmp_path / "run")
     assert (tmp_path / "run" / "phase1_teacher" / "metrics.jsonl").exists()
     retired = [h.get("opd/retired", 0.0) for h in history]
@@ -110,8 +144,7 @@ def test_retire_opd_trains_its_teacher_retires_it_and_stays_retired_after_resume
     assert retired == [0.0, 1.0, 1.0, 1.0]
     assert ["teacher/seconds" in h for h in history] == [True, True, False, False]
     ckpt = tmp_path / "run" / "checkpoints" / "step_000003"
-    resumed = run_training(compose(over + ["trainer.total_steps=4", f"trainer.resume={ckpt}"]),
-                           tmp_path / "resumed")
+    resumed = run_training(compose(over + ["trainer.total_steps=4", f"trainer.resume={ckpt}"]), tmp_path / "resumed")
     assert len(resumed) == 1
     assert resumed[0]["opd/retired"] == 1.0 and "teacher/seconds" not in resumed[0]
 
@@ -119,10 +152,24 @@ def test_retire_opd_trains_its_teacher_retires_it_and_stays_retired_after_resume
 def test_sdar_with_alfworld_hints_scores_every_row_and_logs_the_privilege_gap(ray_local, tmp_path):
     # context: hints is a YAML choice: the env writes its privileged state (where the task's
     # objects are), the teacher reads it from the episode, the privileged validation from the env.
-    cfg = compose(BASE + ["env=alfworld", "env.options.max_receptacles=6", "env.options.max_objects=6",
-                          "env.options.n_tasks=4", "env.options.max_turns=2", f"+env.options.cache_dir={tmp_path / 'games'}",
-                          "method=sdar_hints", "trainer.total_steps=1", "rollout.group_size=2", "trainer.groups_per_step=1",
-                          "trainer.val_every=1", "trainer.val_tasks=2", "rollout.val_temperatures=[0.0]"])
+    cfg = compose(
+        BASE
+        + [
+            "env=alfworld",
+            "env.options.max_receptacles=6",
+            "env.options.max_objects=6",
+            "env.options.n_tasks=4",
+            "env.options.max_turns=2",
+            f"+env.options.cache_dir={tmp_path / 'games'}",
+            "method=sdar_hints",
+            "trainer.total_steps=1",
+            "rollout.group_size=2",
+            "trainer.groups_per_step=1",
+            "trainer.val_every=1",
+            "trainer.val_tasks=2",
+            "rollout.val_temperatures=[0.0]",
+        ]
+    )
     last = run_training(cfg, tmp_path)[-1]
     assert last["teacher/rows_scored_frac"] == 1.0 and "sdar/loss" in last
     assert "val/privileged_success" in last and "val/privilege_gap" in last

@@ -17,6 +17,7 @@ difference 1.0e-6; ZeRO-3 M=2 max 3.8e-6, 2.1e-6; a lost micro-batch gradient ma
 Bounds: every weight within ``2e-2 * lr`` and the update's relative L2 difference below 1e-4.
 Metrics: relative 1e-4 (absolute 1e-6).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,11 +37,22 @@ W_ATOL = 2e-2 * LR
 W_REL_L2 = 1e-4
 TIMEOUT = 300  # seconds for any one Ray call (actor setup includes a possible shm_comm JIT)
 # Metrics that are means/fractions over the step's tokens, or extrema, and must agree at any M.
-COMPARED = ("learner/loss", "policy/loss", "policy/entropy", "policy/clip_fraction",
-            "policy/dual_clip_fraction", "policy/approx_kl_k1", "policy/approx_kl_k3",
-            "policy/ratio_mean", "policy/ratio_max", "policy/ratio_min",
-            "policy/behaviour_weight_mean", "policy/behaviour_weight_max",
-            "policy/truncated_fraction", "learner/grad_norm")
+COMPARED = (
+    "learner/loss",
+    "policy/loss",
+    "policy/entropy",
+    "policy/clip_fraction",
+    "policy/dual_clip_fraction",
+    "policy/approx_kl_k1",
+    "policy/approx_kl_k3",
+    "policy/ratio_mean",
+    "policy/ratio_max",
+    "policy/ratio_min",
+    "policy/behaviour_weight_mean",
+    "policy/behaviour_weight_max",
+    "policy/truncated_fraction",
+    "learner/grad_norm",
+)
 TIMINGS: dict[str, float] = {}
 
 
@@ -63,23 +75,30 @@ def _make_batch(model_dir, seed: int = 0, rows: int = 8) -> TrainBatch:
         p, r = int(prompt_len[b]), int(resp_len[b])
         ids[b, : p + r] = torch.randint(0, vocab, (p + r,), generator=g)
         attn[b, : p + r] = 1
-        resp[b, p: p + r] = 1.0
+        resp[b, p : p + r] = 1.0
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         lp = forward_response(model, ids, attn, resp, with_entropy=False).logprobs
     behaviour = (lp + 0.3 * torch.randn(lp.shape, generator=g)) * resp
     adv = torch.randn(rows, 1, generator=g).expand(rows, T) * resp
-    return TrainBatch(input_ids=ids, attention_mask=attn, response_mask=resp,
-                      behaviour_logprobs=behaviour.contiguous(), advantages=adv.contiguous(),
-                      entropy_coef=0.001, versions=[0] * rows)
+    return TrainBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        response_mask=resp,
+        behaviour_logprobs=behaviour.contiguous(),
+        advantages=adv.contiguous(),
+        entropy_coef=0.001,
+        versions=[0] * rows,
+    )
 
 
 def _cfg(zero_stage: int, budget: int = 8) -> LearnerConfig:
     # By default a micro-batch budget below every row's length: each row is a micro-batch of its
     # own, so every rank accumulates over several micro-batches per mini-batch (and ZeRO-3's
     # accumulation counts).
-    return LearnerConfig(zero_stage=zero_stage, precision="fp32", lr=LR, grad_clip=1.0,
-                         micro_batch_tokens=budget, num_cpus=0.5)
+    return LearnerConfig(
+        zero_stage=zero_stage, precision="fp32", lr=LR, grad_clip=1.0, micro_batch_tokens=budget, num_cpus=0.5
+    )
 
 
 def _uneven_batch(model_dir) -> TrainBatch:
@@ -93,13 +112,19 @@ def _uneven_batch(model_dir) -> TrainBatch:
     attn = torch.zeros_like(ids)
     resp = torch.zeros(8, T)
     for b, (p, r) in enumerate(lengths):
-        ids[b, :p + r] = torch.randint(0, 500, (p + r,), generator=g)
-        attn[b, :p + r] = 1
-        resp[b, p:p + r] = 1.0
+        ids[b, : p + r] = torch.randint(0, 500, (p + r,), generator=g)
+        attn[b, : p + r] = 1
+        resp[b, p : p + r] = 1.0
     adv = torch.randn(8, 1, generator=g).expand(8, T) * resp
-    return TrainBatch(input_ids=ids, attention_mask=attn, response_mask=resp,
-                      behaviour_logprobs=(-2.0 * resp).contiguous(), advantages=adv.contiguous(),
-                      entropy_coef=0.001, versions=[0] * 8)
+    return TrainBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        response_mask=resp,
+        behaviour_logprobs=(-2.0 * resp).contiguous(),
+        advantages=adv.contiguous(),
+        entropy_coef=0.001,
+        versions=[0] * 8,
+    )
 
 
 def _step(ray, model_dir, batch: TrainBatch, *, world_size: int, zero_stage: int, budget: int = 8):
@@ -107,12 +132,22 @@ def _step(ray, model_dir, batch: TrainBatch, *, world_size: int, zero_stage: int
     LearnerGroup, return (metrics, rank-0 weights); always kill the actors."""
     from actors.learner import LearnerActor
     from pipeline.core.microbatch import slice_rows
+
     cls = ray.remote(LearnerActor)
     env = {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
     t0 = time.time()
-    ranks = [cls.options(num_cpus=0.5, runtime_env=env).remote(
-        _cfg(zero_stage, budget), str(model_dir), temperature=1.0, total_steps=10, rank=r,
-        world_size=world_size, seed=0) for r in range(world_size)]
+    ranks = [
+        cls.options(num_cpus=0.5, runtime_env=env).remote(
+            _cfg(zero_stage, budget),
+            str(model_dir),
+            temperature=1.0,
+            total_steps=10,
+            rank=r,
+            world_size=world_size,
+            seed=0,
+        )
+        for r in range(world_size)
+    ]
     try:
         # The production rendezvous: rank 0 binds the store, every rank joins it.
         host, port = ray.get(ranks[0].node_address.remote(), timeout=TIMEOUT)
@@ -174,8 +209,11 @@ def test_two_ranks_report_the_same_metrics_as_one(single, double):
     """LearnerGroup's metrics are the whole batch's (token means over all ranks' tokens, extrema
     over all ranks, the token count summed), not rank 0's share."""
     metrics1, metrics2 = single[0], double[0]
-    bad = {k: (metrics1[k], metrics2.get(k)) for k in COMPARED
-           if metrics2.get(k) is None or metrics2[k] != pytest.approx(metrics1[k], rel=1e-4, abs=1e-6)}
+    bad = {
+        k: (metrics1[k], metrics2.get(k))
+        for k in COMPARED
+        if metrics2.get(k) is None or metrics2[k] != pytest.approx(metrics1[k], rel=1e-4, abs=1e-6)
+    }
     assert not bad, f"metrics differ between M=1 and M=2 as (M=1, M=2): {bad}"
     assert metrics2["learner/tokens"] == metrics1["learner/tokens"]
 
@@ -206,6 +244,6 @@ def test_ranks_with_different_micro_batch_counts_take_the_same_step_as_one(ray_l
     _assert_same_step(sd1, sd2, init)
 
 
-def teardown_module(module):  # noqa: ARG001 - report the measured step times with -s / -rA
+def teardown_module(module):  # report the measured step times with -s / -rA
     if TIMINGS:
         print("\nlearner step seconds:", {k: round(v, 2) for k, v in TIMINGS.items()})

@@ -3,6 +3,7 @@ optimizer the learner can run: the plain torch AdamW of fp32 ZeRO-0, DeepSpeed's
 ZeRO 1-3. The real DeepSpeed learner (tiny model, a LearnerActor in Ray) takes a step whose batch
 holds a NaN advantage: its weights stay bit-identical, and its next good step lands exactly where
 a learner that never saw the bad batch lands (no optimizer state, step count or lr schedule moved)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,10 +12,10 @@ from dataclasses import replace
 
 import pytest
 import torch
+from test_learner_step import _batch
 
 from actors.handles import LearnerGroup
 from pipeline.core.config import LearnerConfig
-from test_learner_step import _batch
 
 pytestmark = pytest.mark.integration
 
@@ -25,9 +26,21 @@ def _steps(ray, model_dir, cfg: LearnerConfig, batches) -> tuple[list[dict], lis
     """One fresh rank-0 learner takes one train_step per batch; (metrics, weights) after each."""
     from actors.learner import LearnerActor
 
-    actor = ray.remote(LearnerActor).options(num_cpus=0.5).remote(
-        cfg, str(model_dir), temperature=1.0, total_steps=4, rank=0, world_size=1, seed=0,
-        master_addr="127.0.0.1", threads=1)
+    actor = (
+        ray.remote(LearnerActor)
+        .options(num_cpus=0.5)
+        .remote(
+            cfg,
+            str(model_dir),
+            temperature=1.0,
+            total_steps=4,
+            rank=0,
+            world_size=1,
+            seed=0,
+            master_addr="127.0.0.1",
+            threads=1,
+        )
+    )
     group = LearnerGroup([actor], pad_id=0)
     metrics, weights = [], []
     try:
@@ -55,8 +68,9 @@ def test_a_nan_advantage_discards_the_update_and_leaves_no_trace(ray_local, tiny
     adv[1, 8] = float("nan")
     bad = replace(good, advantages=adv)
     # A cosine schedule: a skipped update that advanced it would change the next step's lr.
-    cfg = LearnerConfig(precision=precision, zero_stage=zero_stage, lr=1e-3, lr_schedule="cosine",
-                        micro_batch_tokens=4096)
+    cfg = LearnerConfig(
+        precision=precision, zero_stage=zero_stage, lr=1e-3, lr_schedule="cosine", micro_batch_tokens=4096
+    )
     m_skip, w_skip = _steps(ray_local, tiny_model_dir, cfg, [bad, good])
     m_ref, w_ref = _steps(ray_local, tiny_model_dir, cfg, [good])
     assert m_skip[0]["learner/skipped_updates"] == 1 and m_skip[0]["learner/nonfinite_microbatches"] == 1

@@ -5,6 +5,7 @@ created with the right strategy and bundles, that every actor is scheduled into 
 training goes through it (two learner ranks meeting at rank 0's node IP, not 127.0.0.1), and that
 the group is removed when the run ends, so a following run (or sweep point) gets the CPUs back.
 """
+
 from __future__ import annotations
 
 import time
@@ -12,14 +13,23 @@ import time
 import pytest
 import torch
 
-from pipeline.tools.cli import compose
 from pipeline.orchestration.run import run_training
+from pipeline.tools.cli import compose
 
 pytestmark = pytest.mark.integration
 
-BASE = ["model=tiny", "env=keyword", "rollout.max_new_tokens=8", "rollout.group_size=2",
-        "trainer.groups_per_step=2", "trainer.val_every=0", "trainer.ckpt_every=0",
-        "logger.progress=false", "learner.lr=1e-4", "cluster.threads_per_actor=1"]
+BASE = [
+    "model=tiny",
+    "env=keyword",
+    "rollout.max_new_tokens=8",
+    "rollout.group_size=2",
+    "trainer.groups_per_step=2",
+    "trainer.val_every=0",
+    "trainer.ckpt_every=0",
+    "logger.progress=false",
+    "learner.lr=1e-4",
+    "cluster.threads_per_actor=1",
+]
 
 
 def _capture_reserve(monkeypatch) -> list:
@@ -31,9 +41,14 @@ def _capture_reserve(monkeypatch) -> list:
 
     def spy(plan, timeout_s):
         p = real(plan, timeout_s)
-        seen.append({"placement": p, "pg_id": p.pg.id.hex() if p.pg else None,
-                     "learners": [p.learner(r) for r in range(len(plan.learners))],
-                     "rollouts": [p.rollout(i) for i in range(len(plan.rollouts))]})
+        seen.append(
+            {
+                "placement": p,
+                "pg_id": p.pg.id.hex() if p.pg else None,
+                "learners": [p.learner(r) for r in range(len(plan.learners))],
+                "rollouts": [p.rollout(i) for i in range(len(plan.rollouts))],
+            }
+        )
         return p
 
     monkeypatch.setattr(placement, "reserve", spy)
@@ -49,16 +64,31 @@ def _wait_cpus_free(ray, total: float, timeout: float = 60) -> float:
         time.sleep(0.5)
 
 
-@pytest.mark.parametrize("overrides, strategy, bundles", [
-    # Two learner ranks + one engine in PACK bundles of half a CPU each.
-    (["cluster.placement=pack", "learner.num_learners=2", "learner.num_cpus=0.5",
-      "rollout.num_cpus=0.5", "learner.zero_stage=2"], "PACK", [{"CPU": 0.5}] * 3),
-    # One colocated learner + engine pair in one STRICT_PACK bundle.
-    (["cluster.placement=pack", "cluster.colocate=true", "learner.num_cpus=0.5",
-      "rollout.num_cpus=0.5"], "STRICT_PACK", [{"CPU": 1.0}]),
-], ids=["pack_2_learners", "colocated"])
-def test_tiny_run_trains_inside_a_placement_group(ray_local, tmp_path, monkeypatch, overrides, strategy,
-                                                  bundles):
+@pytest.mark.parametrize(
+    "overrides, strategy, bundles",
+    [
+        # Two learner ranks + one engine in PACK bundles of half a CPU each.
+        (
+            [
+                "cluster.placement=pack",
+                "learner.num_learners=2",
+                "learner.num_cpus=0.5",
+                "rollout.num_cpus=0.5",
+                "learner.zero_stage=2",
+            ],
+            "PACK",
+            [{"CPU": 0.5}] * 3,
+        ),
+        # One colocated learner + engine pair in one STRICT_PACK bundle.
+        (
+            ["cluster.placement=pack", "cluster.colocate=true", "learner.num_cpus=0.5", "rollout.num_cpus=0.5"],
+            "STRICT_PACK",
+            [{"CPU": 1.0}],
+        ),
+    ],
+    ids=["pack_2_learners", "colocated"],
+)
+def test_tiny_run_trains_inside_a_placement_group(ray_local, tmp_path, monkeypatch, overrides, strategy, bundles):
     ray = ray_local
     from ray.util.placement_group import placement_group_table
 
@@ -75,8 +105,10 @@ def test_tiny_run_trains_inside_a_placement_group(ray_local, tmp_path, monkeypat
     plan = seen[0]["placement"].plan
     used = [o["scheduling_strategy"].placement_group_bundle_index for o in seen[0]["learners"] + seen[0]["rollouts"]]
     assert used == [a.bundle for a in plan.learners + plan.rollouts]
-    assert all(o["scheduling_strategy"].placement_group.id.hex() == seen[0]["pg_id"]
-               for o in seen[0]["learners"] + seen[0]["rollouts"])
+    assert all(
+        o["scheduling_strategy"].placement_group.id.hex() == seen[0]["pg_id"]
+        for o in seen[0]["learners"] + seen[0]["rollouts"]
+    )
 
     # The run removed its group: the CPUs are free for whatever runs next.
     assert placement_group_table()[seen[0]["pg_id"]]["state"] == "REMOVED"

@@ -4,16 +4,17 @@ flight and new weights landing mid-episode (envs that raise or hang: tests/fault
 ``steps3`` (tests/scripted_envs.py) is a test env (3 turns, any reply is valid): it stands in for a
 real env only to script the episodes; the worker, batcher and engine under it are the real ones.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
+from scripted_envs import play, rollout_worker
 
 from pipeline.algorithm.logprobs import response_logprobs
 from pipeline.core.types import StopReason
 from pipeline.distributed.weight_sync import pack
 from pipeline.models import load_model
-from scripted_envs import play, rollout_worker
 
 pytestmark = pytest.mark.integration
 
@@ -26,14 +27,16 @@ def v0_state(tiny_model_dir):
 
 
 def test_groups_in_flight_share_generate_calls_and_each_turn_matches_the_learner_under_its_version(
-        tiny_model_dir, v0_state):
+    tiny_model_dir, v0_state
+):
     """Six groups x 4 episodes x 3 turns on one worker; new weights are queued during the second
     generate call, so turns sampled before and after the swap mix, within episodes too. Every
     turn's behaviour log-probs must equal the learner's forward under the weights of the version
     it recorded."""
     gen = torch.Generator().manual_seed(0)
-    v1_state = {k: v + 0.05 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
-                for k, v in v0_state.items()}
+    v1_state = {
+        k: v + 0.05 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v for k, v in v0_state.items()
+    }
     v1_state["lm_head.weight"] = v1_state["model.embed_tokens.weight"]  # tied, as the learner sends them
     worker = rollout_worker(tiny_model_dir, "steps3")
     sizes: list[int] = []
@@ -90,6 +93,7 @@ def test_groups_in_lockstep_merge_into_one_call_per_turn(tiny_model_dir):
     finally:
         worker.close()
     assert sum(sizes) == 4 * 4 * 3
-    assert all(e.privileged_hint == f"Task {g.seed} is won by any three replies." for g in groups
-               for e in g.episodes)  # written by the env at reset, read by a hints teacher
+    assert all(
+        e.privileged_hint == f"Task {g.seed} is won by any three replies." for g in groups for e in g.episodes
+    )  # written by the env at reset, read by a hints teacher
     assert sizes[-1] == 16 and len(sizes) <= 5, sizes

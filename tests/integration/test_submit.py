@@ -4,6 +4,7 @@ The cluster runs in its own temp dir and process group with free ports, all on 1
 stops it itself (SIGTERM to `ray start --block`, then every process of its tree that is left), so
 it never touches another Ray on the machine (which `ray stop --force` would).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ def ray_cluster():
 
 def _job(url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = cluster_env()
-    return subprocess.run([RAY, "job", *args, "--address", url], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [RAY, "job", *args, "--address", url], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_submit_runs_a_tiny_job_on_an_existing_cluster(ray_cluster, tmp_path):
@@ -45,14 +47,38 @@ def test_submit_runs_a_tiny_job_on_an_existing_cluster(ray_cluster, tmp_path):
     url = ray_cluster
     run_dir = tmp_path / "run"
     sid = f"privy-test-{uuid.uuid4().hex[:8]}"
-    overrides = ["model=tiny", "env=keyword", "trainer.total_steps=1", "trainer.val_every=0",
-                 "rollout.max_new_tokens=8", "rollout.group_size=2", "trainer.groups_per_step=1",
-                 f"trainer.run_dir={run_dir}", "logger.progress=false", "trainer.ckpt_every=0"]
+    overrides = [
+        "model=tiny",
+        "env=keyword",
+        "trainer.total_steps=1",
+        "trainer.val_every=0",
+        "rollout.max_new_tokens=8",
+        "rollout.group_size=2",
+        "trainer.groups_per_step=1",
+        f"trainer.run_dir={run_dir}",
+        "logger.progress=false",
+        "trainer.ckpt_every=0",
+    ]
     t0 = time.time()
     try:
-        res = subprocess.run(["bash", str(SUBMIT), "--address", url, "--submission-id", sid,
-                              "--runs-dir", str(tmp_path / "runs"), *overrides], env=cluster_env(), capture_output=True, text=True,
-                             timeout=JOB_TIMEOUT, cwd=tmp_path)
+        res = subprocess.run(
+            [
+                "bash",
+                str(SUBMIT),
+                "--address",
+                url,
+                "--submission-id",
+                sid,
+                "--runs-dir",
+                str(tmp_path / "runs"),
+                *overrides,
+            ],
+            env=cluster_env(),
+            capture_output=True,
+            text=True,
+            timeout=JOB_TIMEOUT,
+            cwd=tmp_path,
+        )
     except subprocess.TimeoutExpired:
         _job(url, "stop", sid)
         raise
@@ -79,14 +105,29 @@ def test_submit_runs_a_multirun_sweep_in_one_job(ray_cluster, tmp_path):
     url = ray_cluster
     sid = f"privy-test-{uuid.uuid4().hex[:8]}"
     runs = tmp_path / "runs"
-    overrides = ["-m", "model=tiny", "env=keyword", "trainer.total_steps=1", "trainer.val_every=0",
-                 "rollout.max_new_tokens=8", "rollout.group_size=2", "trainer.groups_per_step=1",
-                 "logger.progress=false", "trainer.ckpt_every=0", "trainer.seed=0,1"]
+    overrides = [
+        "-m",
+        "model=tiny",
+        "env=keyword",
+        "trainer.total_steps=1",
+        "trainer.val_every=0",
+        "rollout.max_new_tokens=8",
+        "rollout.group_size=2",
+        "trainer.groups_per_step=1",
+        "logger.progress=false",
+        "trainer.ckpt_every=0",
+        "trainer.seed=0,1",
+    ]
     t0 = time.time()
     try:
-        res = subprocess.run(["bash", str(SUBMIT), "--address", url, "--submission-id", sid,
-                              "--runs-dir", str(runs), *overrides], env=cluster_env(),
-                             capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=tmp_path)
+        res = subprocess.run(
+            ["bash", str(SUBMIT), "--address", url, "--submission-id", sid, "--runs-dir", str(runs), *overrides],
+            env=cluster_env(),
+            capture_output=True,
+            text=True,
+            timeout=JOB_TIMEOUT,
+            cwd=tmp_path,
+        )
     except subprocess.TimeoutExpired:
         _job(url, "stop", sid)
         raise
@@ -108,13 +149,38 @@ def test_ray_job_stop_leaves_a_checkpoint_of_the_last_completed_step(ray_cluster
     url = ray_cluster
     run_dir = tmp_path / "run"
     sid = f"privy-test-{uuid.uuid4().hex[:8]}"
-    overrides = ["model=tiny", "env=keyword", "trainer.total_steps=500", "trainer.val_every=0",
-                 "trainer.ckpt_every=0", "rollout.max_new_tokens=48", "rollout.group_size=8",
-                 "trainer.groups_per_step=2", f"trainer.run_dir={run_dir}", "logger.progress=false",
-                 "trainer.stop_grace_s=3"]
-    res = subprocess.run(["bash", str(SUBMIT), "--address", url, "--submission-id", sid, "--no-wait",
-                          "--runs-dir", str(tmp_path / "runs"), *overrides], env=cluster_env(), capture_output=True,
-                         text=True, timeout=120, cwd=tmp_path)
+    overrides = [
+        "model=tiny",
+        "env=keyword",
+        "trainer.total_steps=500",
+        "trainer.val_every=0",
+        "trainer.ckpt_every=0",
+        "rollout.max_new_tokens=48",
+        "rollout.group_size=8",
+        "trainer.groups_per_step=2",
+        f"trainer.run_dir={run_dir}",
+        "logger.progress=false",
+        "trainer.stop_grace_s=3",
+    ]
+    res = subprocess.run(
+        [
+            "bash",
+            str(SUBMIT),
+            "--address",
+            url,
+            "--submission-id",
+            sid,
+            "--no-wait",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            *overrides,
+        ],
+        env=cluster_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     metrics = run_dir / "metrics.jsonl"
     t0 = time.time()
@@ -144,21 +210,42 @@ def test_ray_job_stop_leaves_a_checkpoint_of_the_last_completed_step(ray_cluster
 
 
 def test_submit_dry_run_quotes_overrides_and_sets_the_env(tmp_path):
-    res = subprocess.run(["bash", str(SUBMIT), "--dry-run", "--gpu", "--address", "127.0.0.1:8265",
-                          "--no-wait", "--env", "FOO=bar", "method=sdar",
-                          "rollout.val_temperatures=[0.4,0.0]"],
-                         env=cluster_env(), capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    res = subprocess.run(
+        [
+            "bash",
+            str(SUBMIT),
+            "--dry-run",
+            "--gpu",
+            "--address",
+            "127.0.0.1:8265",
+            "--no-wait",
+            "--env",
+            "FOO=bar",
+            "method=sdar",
+            "rollout.val_temperatures=[0.4,0.0]",
+        ],
+        env=cluster_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "--address http://127.0.0.1:8265" in out and "--no-wait" in out
     assert "cluster=existing" in out and "method=sdar" in out
     assert "DS_ACCELERATOR" not in out  # only on CPU clusters
     assert "FOO" in out and "WANDB_MODE" in out and "HF_HUB_OFFLINE" in out
-    cpu = subprocess.run(["bash", str(SUBMIT), "--dry-run", "--cpu", "model=tiny"],
-                         env=cluster_env(), capture_output=True, text=True, timeout=60)
+    cpu = subprocess.run(
+        ["bash", str(SUBMIT), "--dry-run", "--cpu", "model=tiny"],
+        env=cluster_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "DS_ACCELERATOR" in cpu.stdout
 
 
-def teardown_module(module):  # noqa: ARG001
+def teardown_module(module):
     if TIMINGS:
         print("\nsubmit timings (s):", {k: round(v, 1) for k, v in TIMINGS.items()})

@@ -7,6 +7,7 @@ Rerunning the command skips all 8 points. Then one point is set back to after it
 step-2 checkpoint and metrics row removed, its record "running", as if the sweep had died there)
 and the rerun resumes it from its step-1 checkpoint and trains step 2 again.
 """
+
 from __future__ import annotations
 
 import csv
@@ -22,20 +23,42 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMAND = ["-m", "model=tiny", "env=keyword", "method=sdar",
-           "method.beta=1,10", "method.lam=0.01,0.1", "trainer.seed=0,1",
-           "trainer.total_steps=2", "trainer.groups_per_step=1", "rollout.group_size=2",
-           "trainer.val_every=2", "trainer.val_tasks=1", "trainer.ckpt_every=1",
-           "rollout.max_new_tokens=8", "learner.precision=fp32", "rollout.precision=fp32",
-           "scorer.precision=fp32", "logger.progress=false", "rollout.val_temperatures=[0.0]",
-           "sweep.name=sdar_grid"]
-POINTS = [f"{n}_beta={b}_lam={lam}_seed={s}" for n, (b, lam, s) in enumerate(
-    (b, lam, s) for b in ("1", "10") for lam in ("0.01", "0.1") for s in ("0", "1"))]
+COMMAND = [
+    "-m",
+    "model=tiny",
+    "env=keyword",
+    "method=sdar",
+    "method.beta=1,10",
+    "method.lam=0.01,0.1",
+    "trainer.seed=0,1",
+    "trainer.total_steps=2",
+    "trainer.groups_per_step=1",
+    "rollout.group_size=2",
+    "trainer.val_every=2",
+    "trainer.val_tasks=1",
+    "trainer.ckpt_every=1",
+    "rollout.max_new_tokens=8",
+    "learner.precision=fp32",
+    "rollout.precision=fp32",
+    "scorer.precision=fp32",
+    "logger.progress=false",
+    "rollout.val_temperatures=[0.0]",
+    "sweep.name=sdar_grid",
+]
+POINTS = [
+    f"{n}_beta={b}_lam={lam}_seed={s}"
+    for n, (b, lam, s) in enumerate((b, lam, s) for b in ("1", "10") for lam in ("0.01", "0.1") for s in ("0", "1"))
+]
 
 
 def sweep(cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *COMMAND], cwd=cwd,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *COMMAND],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +85,8 @@ def test_the_sweep_summarises_by_swept_values_and_a_rerun_skips_every_point(grid
         rows = list(csv.DictReader(f))
     assert len(rows) == 8 and {"beta", "lam", "seed", "val/success", "gate_mean", "privilege_gap"} <= set(rows[0])
     assert {(r["beta"], r["lam"], r["seed"]) for r in rows} == {
-        (b, lam, s) for b in ("1", "10") for lam in ("0.01", "0.1") for s in ("0", "1")}
+        (b, lam, s) for b in ("1", "10") for lam in ("0.01", "0.1") for s in ("0", "1")
+    }
     assert all(r["status"] == "done" and r["val/success"] != "" for r in rows)
     with open(d / "sweep_summary_aggregate.csv") as f:
         agg = list(csv.DictReader(f))

@@ -7,6 +7,7 @@ cluster (``cluster=existing``-style address) and asks for 1 CPU, so Ray runs bot
 overlapped (each started before the other finished: an ordering of events, not a duration).
 The test stops only the process tree it started.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,15 +33,34 @@ def ray_head_address():
 
 def test_joblib_sweep_runs_its_points_at_once_on_the_shared_cluster(ray_head_address, tmp_path):
     sweep = tmp_path / "sweep"
-    args = ["-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2",
-            "cluster=existing", f"cluster.address={ray_head_address}",
-            "model=tiny", "env=keyword", "trainer.total_steps=1", "trainer.val_every=0",
-            "trainer.ckpt_every=0", "rollout.max_new_tokens=8", "rollout.group_size=2",
-            "trainer.groups_per_step=1", "logger.progress=false",
-            "rollout.num_cpus=0.5", "learner.num_cpus=0.5",  # 1 CPU per point: both fit at once
-            "trainer.seed=0,1", f"hydra.sweep.dir={sweep}"]
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args], cwd=tmp_path,
-                       env=cluster_env(), capture_output=True, text=True, timeout=SWEEP_TIMEOUT)
+    args = [
+        "-m",
+        "hydra/launcher=parallel",
+        "hydra.launcher.n_jobs=2",
+        "cluster=existing",
+        f"cluster.address={ray_head_address}",
+        "model=tiny",
+        "env=keyword",
+        "trainer.total_steps=1",
+        "trainer.val_every=0",
+        "trainer.ckpt_every=0",
+        "rollout.max_new_tokens=8",
+        "rollout.group_size=2",
+        "trainer.groups_per_step=1",
+        "logger.progress=false",
+        "rollout.num_cpus=0.5",
+        "learner.num_cpus=0.5",  # 1 CPU per point: both fit at once
+        "trainer.seed=0,1",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+        cwd=tmp_path,
+        env=cluster_env(),
+        capture_output=True,
+        text=True,
+        timeout=SWEEP_TIMEOUT,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     assert "Joblib.Parallel(n_jobs=2" in out  # the joblib launcher ran the sweep

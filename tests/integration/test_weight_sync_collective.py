@@ -9,6 +9,7 @@
   collective route's metrics were logged. Once with one learner (GRPO), once with M=2 ZeRO-3
   learners and a self-teacher scorer in the group (SDAR).
 """
+
 from __future__ import annotations
 
 import threading
@@ -16,16 +17,26 @@ import threading
 import pytest
 import torch
 
-from pipeline.tools.cli import compose
-from pipeline.orchestration.run import run_training
 from pipeline.distributed.weight_sync import WeightSyncError
+from pipeline.orchestration.run import run_training
+from pipeline.tools.cli import compose
 
 pytestmark = pytest.mark.integration
 
-BASE = ["model=tiny", "env=keyword", "rollout.max_new_tokens=8", "rollout.group_size=3",
-        "trainer.groups_per_step=2", "trainer.val_every=0", "trainer.ckpt_every=0",
-        "logger.progress=false", "learner.lr=1e-3", "cluster.weight_sync=collective",
-        "cluster.sync_backend=auto", "rollout.precision=bf16"]
+BASE = [
+    "model=tiny",
+    "env=keyword",
+    "rollout.max_new_tokens=8",
+    "rollout.group_size=3",
+    "trainer.groups_per_step=2",
+    "trainer.val_every=0",
+    "trainer.ckpt_every=0",
+    "logger.progress=false",
+    "learner.lr=1e-3",
+    "cluster.weight_sync=collective",
+    "cluster.sync_backend=auto",
+    "rollout.precision=bf16",
+]
 TIMEOUT = 300
 
 
@@ -33,9 +44,16 @@ TIMEOUT = 300
 def test_rollout_worker_and_scorer_apply_only_checked_weights(tiny_model_dir):
     from actors.rollout import RolloutWorker
     from actors.scorer import TeacherScorerWorker
-    from pipeline.distributed.collective_sync import (_broadcast, _trailer, broadcast_state_dict, init_group,
-                                          meta_of, plan_buckets, send_buckets)
     from pipeline.core.config import EnvConfig, RolloutConfig
+    from pipeline.distributed.collective_sync import (
+        _broadcast,
+        _trailer,
+        broadcast_state_dict,
+        init_group,
+        meta_of,
+        plan_buckets,
+        send_buckets,
+    )
 
     worker = RolloutWorker(RolloutConfig(precision="fp32"), EnvConfig(name="keyword"), str(tiny_model_dir))
     scorer = TeacherScorerWorker(str(tiny_model_dir), temperature=1.0, micro_batch_tokens=256, precision="fp32")
@@ -67,12 +85,14 @@ def test_rollout_worker_and_scorer_apply_only_checked_weights(tiny_model_dir):
                 seen[tag + "_v1"] = e
             seen[tag + "_after_v1"] = (getattr(obj, "_pending", None), obj.version)
             seen[tag + "_v2"] = obj.receive_weights(2)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             seen[tag] = e
 
-    threads = [threading.Thread(target=sender, daemon=True),
-               threading.Thread(target=consumer, args=("worker", worker, 1), daemon=True),
-               threading.Thread(target=consumer, args=("scorer", scorer, 2), daemon=True)]
+    threads = [
+        threading.Thread(target=sender, daemon=True),
+        threading.Thread(target=consumer, args=("worker", worker, 1), daemon=True),
+        threading.Thread(target=consumer, args=("scorer", scorer, 2), daemon=True),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -112,8 +132,7 @@ def _capture_final_weights(monkeypatch) -> dict:
             rollouts = [a for a in actors if hasattr(a, "weights_checksums")]
             packets = ray.get([a.weight_packet.remote(-1) for a in learners], timeout=TIMEOUT)
             captured["learner"] = packets[0].state_dict
-            captured["rollouts"] = ray.get([a.weights_checksums.remote() for a in rollouts],
-                                           timeout=TIMEOUT)
+            captured["rollouts"] = ray.get([a.weights_checksums.remote() for a in rollouts], timeout=TIMEOUT)
         finally:
             kill(actors)
 
@@ -141,8 +160,7 @@ def _assert_sync_metrics(history: list[dict]) -> None:
 
 def test_tiny_run_syncs_by_broadcast(ray_local, tmp_path, monkeypatch):
     captured = _capture_final_weights(monkeypatch)
-    history = run_training(compose(BASE + ["trainer.total_steps=2", "cluster.sync_bucket_mb=1"]),
-                           tmp_path)
+    history = run_training(compose(BASE + ["trainer.total_steps=2", "cluster.sync_bucket_mb=1"]), tmp_path)
     assert len(history) == 2
     _assert_sync_metrics(history)
     _assert_engine_equals_learner(captured, version=2)
@@ -157,8 +175,17 @@ def test_tiny_run_syncs_by_broadcast(ray_local, tmp_path, monkeypatch):
 
 def test_two_zero3_learners_and_a_self_teacher_sync_by_broadcast(ray_local, tmp_path, monkeypatch):
     captured = _capture_final_weights(monkeypatch)
-    cfg = compose(BASE + ["method=sdar", "trainer.total_steps=2", "cluster.sync_bucket_mb=1",
-                          "learner.num_learners=2", "learner.zero_stage=3", "learner.num_cpus=0.5"])
+    cfg = compose(
+        BASE
+        + [
+            "method=sdar",
+            "trainer.total_steps=2",
+            "cluster.sync_bucket_mb=1",
+            "learner.num_learners=2",
+            "learner.zero_stage=3",
+            "learner.num_cpus=0.5",
+        ]
+    )
     history = run_training(cfg, tmp_path)
     assert len(history) == 2
     _assert_sync_metrics(history)

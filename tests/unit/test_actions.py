@@ -1,4 +1,5 @@
 """The shared <think>/<action> parser."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,24 +24,30 @@ def test_tags_match_case_insensitively():
     assert p.valid_format and p.action == "go to desk 1"
 
 
-@pytest.mark.parametrize("text", [
-    "go to desk 1",  # no tags at all
-    "<think>x</think>",  # no action block
-    "<action>look</action>",  # no think block
-    "<think>x<action>look</action>",  # think never closed
-    "<think>x</think><action>look",  # action never closed
-    "<think>x</think>look</action>",  # closing without opening
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "go to desk 1",  # no tags at all
+        "<think>x</think>",  # no action block
+        "<action>look</action>",  # no think block
+        "<think>x<action>look</action>",  # think never closed
+        "<think>x</think><action>look",  # action never closed
+        "<think>x</think>look</action>",  # closing without opening
+    ],
+)
 def test_missing_tags_make_the_format_invalid(text):
     p = parse_think_action(text)
     assert not p.valid_format and p.reason
 
 
-@pytest.mark.parametrize("text", [
-    "<think>a</think><think>b</think><action>look</action>",
-    "<think>a</think><action>look</action><action>inventory</action>",
-    "<think>a <think>b</think></think><action>look</action>",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<think>a</think><think>b</think><action>look</action>",
+        "<think>a</think><action>look</action><action>inventory</action>",
+        "<think>a <think>b</think></think><action>look</action>",
+    ],
+)
 def test_duplicated_or_nested_tags_make_the_format_invalid(text):
     assert not parse_think_action(text).valid_format
 
@@ -65,8 +72,17 @@ def test_missing_think_keeps_the_action_for_logging():
     assert not p.valid_format and p.action == "look"
 
 
-@pytest.mark.parametrize("text", ["", "\x00\x01<<>>", "<think", "</think></action><action><think>", "a" * 100_000,
-                                  "<thinking>x</thinking><action>look</action>"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "\x00\x01<<>>",
+        "<think",
+        "</think></action><action><think>",
+        "a" * 100_000,
+        "<thinking>x</thinking><action>look</action>",
+    ],
+)
 def test_garbage_never_raises_and_is_invalid(text):
     assert not parse_think_action(text).valid_format
 
@@ -97,4 +113,6 @@ def test_thinking_prefix_covers_the_closing_tag():
     n = thinking_prefix_chars(text)
     assert text[:n] == "<think>abc</think>"
     assert thinking_prefix_chars("no thinking <action>look</action>") == 0
-    assert thinking_prefix_chars("opened in the prompt</think><action>x</action>") == len("opened in the prompt</think>")
+    assert thinking_prefix_chars("opened in the prompt</think><action>x</action>") == len(
+        "opened in the prompt</think>"
+    )

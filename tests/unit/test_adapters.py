@@ -1,4 +1,5 @@
 """Adapters: privy envs behind gymnasium / skyrl-gym interfaces, and gymnasium text envs as privy envs."""
+
 from __future__ import annotations
 
 import string
@@ -32,8 +33,13 @@ class CountdownText(gym.Env):
     def step(self, action):
         hit = action.strip() == self.secret
         valid = action.strip() in self.words
-        return ("Correct!" if hit else "Wrong."), float(hit), hit, False, {"action_valid": valid,
-                                                                           "admissible_actions": list(self.words)}
+        return (
+            ("Correct!" if hit else "Wrong."),
+            float(hit),
+            hit,
+            False,
+            {"action_valid": valid, "admissible_actions": list(self.words)},
+        )
 
 
 if "test/Countdown-v0" not in gym.registry:

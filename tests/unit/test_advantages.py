@@ -1,4 +1,5 @@
 """pipeline.algorithm.advantages: GRPO, GiGPO and ADRS by hand and against slow loop references."""
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,15 @@ def _sig(x: float) -> float:
 
 
 def row(group, episode, turn, reward, *, step=0.0, valid=True, anchor=""):
-    return RowInput(group=group, episode=episode, turn=turn, episode_reward=reward, step_reward=step,
-                    action_valid=valid, anchor=anchor)
+    return RowInput(
+        group=group,
+        episode=episode,
+        turn=turn,
+        episode_reward=reward,
+        step_reward=step,
+        action_valid=valid,
+        anchor=anchor,
+    )
 
 
 # ----- slow references ----------------------------------------------------------------------------
@@ -108,12 +116,15 @@ def ref_adrs(rows, lps, base, strength, *, eta_s, level, tva_apply, std_mode, pe
             tva = a - d
         gate.append(_sig(tau * tva))
     groups = sorted({r.group for r in rows}, key=str)
-    shaped = {g: sum(r.group == g for r in rows) >= 2 and strength[[r.group for r in rows].index(g)] >= EPS
-              for g in groups}
+    shaped = {
+        g: sum(r.group == g for r in rows) >= 2 and strength[[r.group for r in rows].index(g)] >= EPS for g in groups
+    }
+
     # The reference's median: every group with an env signal, a single-row group counting as
     # std 1 (verl's std of one score); zero-std groups left out.
     def median_strength(g):
         return 1.0 if sum(r.group == g for r in rows) < 2 else strength[[r.group for r in rows].index(g)]
+
     good = sorted(median_strength(g) for g in groups if median_strength(g) >= EPS)
     median = good[(len(good) - 1) // 2] if good else None
     out = [[base[i]] * len(lps[i]) for i in range(n)]
@@ -142,8 +153,17 @@ def random_rows(seed: int):
         for e in range(rng.randint(2, 4)):
             reward = 5.0 if flat else rng.choice([0.0, 10.0, rng.uniform(-1, 3)])
             for t in range(rng.randint(1, 4)):
-                rows.append(row(g, e, t, reward, step=rng.choice([0.0, 0.0, 1.0, 10.0]),
-                                valid=flat or rng.random() > 0.2, anchor=rng.choice("abc")))
+                rows.append(
+                    row(
+                        g,
+                        e,
+                        t,
+                        reward,
+                        step=rng.choice([0.0, 0.0, 1.0, 10.0]),
+                        valid=flat or rng.random() > 0.2,
+                        anchor=rng.choice("abc"),
+                    )
+                )
     rng.shuffle(rows)
     lps = [[-rng.uniform(0.01, 4.0) for _ in range(rng.randint(1, 5))] for _ in rows]
     return rows, lps
@@ -217,22 +237,30 @@ def test_grpo_matches_a_slow_loop_reference(seed, across_rows, norm_std):
 def test_discounted_returns_follow_turn_order_and_penalise_only_the_invalid_row():
     rows = [row(0, 0, 2, 10.0, step=10.0), row(0, 0, 0, 10.0), row(0, 0, 1, 10.0, valid=False)]
     got = discounted_returns(rows, gamma=0.95, invalid_penalty=0.1)
-    assert got.tolist() == pytest.approx([10.0, 0.95 ** 2 * 10.0, 0.95 * 10.0 - 0.1])
+    assert got.tolist() == pytest.approx([10.0, 0.95**2 * 10.0, 0.95 * 10.0 - 0.1])
 
 
 def test_gigpo_invalid_penalty_is_not_discounted_into_earlier_turns():
     # The issue's group: episode 0 = [valid a, INVALID b], episode 1 = [valid a, valid b], rewards
     # 0, penalty 0.1, gamma 0.95. verl-agent: step returns [0, -0.1, 0, 0].
-    rows = [row(0, 0, 0, 0.0, anchor="a"), row(0, 0, 1, 0.0, valid=False, anchor="b"),
-            row(0, 1, 0, 0.0, anchor="a"), row(0, 1, 1, 0.0, anchor="b")]
+    rows = [
+        row(0, 0, 0, 0.0, anchor="a"),
+        row(0, 0, 1, 0.0, valid=False, anchor="b"),
+        row(0, 1, 0, 0.0, anchor="a"),
+        row(0, 1, 1, 0.0, anchor="b"),
+    ]
     assert discounted_returns(rows, gamma=0.95, invalid_penalty=0.1).tolist() == pytest.approx([0, -0.1, 0, 0])
     got = gigpo_advantages(rows, invalid_penalty=0.1, gamma=0.95).advantages.tolist()
     assert got == pytest.approx([0.5, -2.2071, 0.5, 1.2071], abs=1e-4)
 
 
 def test_anchor_groups_join_identical_observations_within_but_never_across_episode_groups():
-    rows = [row(0, 0, 0, 0, anchor="kitchen"), row(0, 1, 0, 0, anchor="kitchen"),
-            row(0, 1, 1, 0, anchor="hall"), row(1, 0, 0, 0, anchor="kitchen")]
+    rows = [
+        row(0, 0, 0, 0, anchor="kitchen"),
+        row(0, 1, 0, 0, anchor="kitchen"),
+        row(0, 1, 1, 0, anchor="hall"),
+        row(1, 0, 0, 0, anchor="kitchen"),
+    ]
     ids = anchor_groups(rows).tolist()
     assert ids[0] == ids[1] and len({ids[0], ids[2], ids[3]}) == 3
 
@@ -248,8 +276,12 @@ def test_similarity_threshold_joins_near_identical_observations():
 
 
 def test_gigpo_adds_anchor_step_advantages_to_episode_advantages_and_zero_for_singletons():
-    rows = [row(0, 0, 0, 10.0, anchor="s"), row(0, 0, 1, 10.0, step=10.0, anchor="t"),
-            row(0, 1, 0, 0.0, anchor="s"), row(0, 1, 1, 0.0, anchor="u")]
+    rows = [
+        row(0, 0, 0, 10.0, anchor="s"),
+        row(0, 0, 1, 10.0, step=10.0, anchor="t"),
+        row(0, 1, 0, 0.0, anchor="s"),
+        row(0, 1, 1, 0.0, anchor="u"),
+    ]
     got = gigpo_advantages(rows, gamma=0.95)
     a_e = grpo_advantages(rows).advantages.tolist()
     r_s = [9.5, 0.0]  # returns of the two rows anchored at "s"
@@ -265,16 +297,32 @@ def test_gigpo_matches_a_slow_loop_reference(seed):
     got = gigpo_advantages(rows, invalid_penalty=0.1, gamma=0.9, step_weight=0.5)
     assert got.advantages.tolist() == pytest.approx(ref_gigpo(rows, 0.1, 0.9, 0.5), abs=1e-5)
     assert discounted_returns(rows, gamma=0.9, invalid_penalty=0.1).tolist() == pytest.approx(
-        ref_returns(rows, 0.9, 0.1))
+        ref_returns(rows, 0.9, 0.1)
+    )
 
 
 def test_rows_from_groups_flattens_records_in_row_order():
     def turn(i, valid=True):
-        return TurnRecord(prompt_ids=[1], response_ids=[2], behaviour_logprobs=[-0.1], policy_version=0,
-                          turn_index=i, messages=[], step_reward=float(i), action_valid=valid, anchor_obs=f"o{i}")
-    group = EpisodeGroup(task_id="t", seed=0, episodes=[
-        Episode(task_id="t", env_name="e", seed=0, turns=[turn(0), turn(1, valid=False)], reward=10.0),
-        Episode(task_id="t", env_name="e", seed=0, turns=[turn(0)], reward=0.0)])
+        return TurnRecord(
+            prompt_ids=[1],
+            response_ids=[2],
+            behaviour_logprobs=[-0.1],
+            policy_version=0,
+            turn_index=i,
+            messages=[],
+            step_reward=float(i),
+            action_valid=valid,
+            anchor_obs=f"o{i}",
+        )
+
+    group = EpisodeGroup(
+        task_id="t",
+        seed=0,
+        episodes=[
+            Episode(task_id="t", env_name="e", seed=0, turns=[turn(0), turn(1, valid=False)], reward=10.0),
+            Episode(task_id="t", env_name="e", seed=0, turns=[turn(0)], reward=0.0),
+        ],
+    )
     rows = rows_from_groups([group, group])
     assert len(rows) == 6
     assert rows[1] == row(0, 0, 1, 10.0, step=1.0, valid=False, anchor="o1")
@@ -348,8 +396,15 @@ def test_adrs_adaptive_clip_scales_the_clip_by_the_groups_std_relative_to_the_me
 def test_adrs_adaptive_clip_median_counts_single_row_groups_as_the_reference_does():
     # Two shaped groups (stds 0.354, 0.707) and three single-row groups, which the reference
     # counts with std 1 in the median: median 1, so the clips are 0.2 * std / (1 + 1e-6).
-    rows = [row(0, 0, 0, 0.0), row(0, 1, 0, 0.5), row(1, 0, 0, 0.0), row(1, 1, 0, 1.0),
-            row(2, 0, 0, 1.0), row(3, 0, 0, 0.0), row(4, 0, 0, 1.0)]
+    rows = [
+        row(0, 0, 0, 0.0),
+        row(0, 1, 0, 0.5),
+        row(1, 0, 0, 0.0),
+        row(1, 1, 0, 1.0),
+        row(2, 0, 0, 1.0),
+        row(3, 0, 0, 0.0),
+        row(4, 0, 0, 1.0),
+    ]
     lps = [[-1.0, -2.0], [-3.0, -1.0]] * 2 + [[-1.0, -2.0]] * 3
     base = grpo_advantages(rows)
     out, _ = adrs_advantages(rows, lps, base, eta_s=100.0, clip=0.2)
@@ -404,8 +459,12 @@ def test_l2_gate_cancels_in_paper_mode_but_acts_after_whitening():
 
 
 def test_l3_gate_varies_within_an_episode_group_so_it_acts_even_in_paper_mode():
-    rows = [row(0, 0, 0, 10.0, anchor="s"), row(0, 0, 1, 10.0, step=10.0, anchor="t"),
-            row(0, 1, 0, 0.0, anchor="s"), row(0, 1, 1, 0.0, anchor="t")]
+    rows = [
+        row(0, 0, 0, 10.0, anchor="s"),
+        row(0, 0, 1, 10.0, step=10.0, anchor="t"),
+        row(0, 1, 0, 0.0, anchor="s"),
+        row(0, 1, 1, 0.0, anchor="t"),
+    ]
     lps = [[-0.2, -0.9], [-2.0, -0.1], [-3.0, -1.0], [-0.4, -0.6]]
     base = gigpo_advantages(rows)
     kw = dict(eta_s=0.1, clip=None, level="L3", tva_apply="paper")
@@ -415,17 +474,37 @@ def test_l3_gate_varies_within_an_episode_group_so_it_acts_even_in_paper_mode():
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("level,tva_apply,std_mode", [
-    ("L2", "paper", "per_seq"), ("L2", "after_whitening", "global"),
-    ("L3", "paper", "global"), ("L3", "after_whitening", "per_seq")])
+@pytest.mark.parametrize(
+    "level,tva_apply,std_mode",
+    [
+        ("L2", "paper", "per_seq"),
+        ("L2", "after_whitening", "global"),
+        ("L3", "paper", "global"),
+        ("L3", "after_whitening", "per_seq"),
+    ],
+)
 def test_adrs_matches_a_slow_loop_reference(seed, level, tva_apply, std_mode):
     rows, lps = random_rows(seed)
-    base = gigpo_advantages(rows, invalid_penalty=0.1, gamma=0.9) if level == "L3" else grpo_advantages(
-        rows, invalid_penalty=0.1)
-    out, _ = adrs_advantages(rows, lps, base, eta_s=0.3, level=level, tva_apply=tva_apply, std_mode=std_mode,
-                             invalid_penalty=0.1, gamma=0.9)
-    expected = ref_adrs(rows, lps, base.advantages.tolist(), base.strength.tolist(), eta_s=0.3, level=level,
-                        tva_apply=tva_apply, std_mode=std_mode, pen=0.1, gamma=0.9)
+    base = (
+        gigpo_advantages(rows, invalid_penalty=0.1, gamma=0.9)
+        if level == "L3"
+        else grpo_advantages(rows, invalid_penalty=0.1)
+    )
+    out, _ = adrs_advantages(
+        rows, lps, base, eta_s=0.3, level=level, tva_apply=tva_apply, std_mode=std_mode, invalid_penalty=0.1, gamma=0.9
+    )
+    expected = ref_adrs(
+        rows,
+        lps,
+        base.advantages.tolist(),
+        base.strength.tolist(),
+        eta_s=0.3,
+        level=level,
+        tva_apply=tva_apply,
+        std_mode=std_mode,
+        pen=0.1,
+        gamma=0.9,
+    )
     for got, want in zip(out, expected):
         assert got.tolist() == pytest.approx(want, abs=1e-5)
 

@@ -3,6 +3,7 @@
 Scenes are small (6 receptacles, 6 objects) so a game generates in about a second on 2 cores;
 games are cached in one temporary directory for the whole session.
 """
+
 from __future__ import annotations
 
 import random
@@ -189,16 +190,19 @@ def test_random_admissible_policy_rarely_wins_within_a_few_steps(make):
     assert wins <= 1
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"max_turn": 5}, "unknown alfworld option"),
-    ({"task_types": ["pick_and_slice"]}, "task_types"),
-    ({"task_types": []}, "task_types"),
-    ({"max_objects": 2}, "max_objects"),
-    ({"max_turns": 0}, "max_turns"),
-    ({"n_tasks": -1}, "n_tasks"),
-    ({"expert": "yes"}, "expert"),
-    ({"n_floorplans": 1, "task_types": ["look_at_obj_in_light"]}, "n_floorplans"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"max_turn": 5}, "unknown alfworld option"),
+        ({"task_types": ["pick_and_slice"]}, "task_types"),
+        ({"task_types": []}, "task_types"),
+        ({"max_objects": 2}, "max_objects"),
+        ({"max_turns": 0}, "max_turns"),
+        ({"n_tasks": -1}, "n_tasks"),
+        ({"expert": "yes"}, "expert"),
+        ({"n_floorplans": 1, "task_types": ["look_at_obj_in_light"]}, "n_floorplans"),
+    ],
+)
 def test_bad_options_raise_clear_errors(options, message):
     with pytest.raises(ValueError, match=message):
         make_env("alfworld", options, "train")
@@ -227,8 +231,10 @@ def test_env_reports_verl_agent_reward_constants():
 
 # ----- prompt ----------------------------------------------------------------------------------
 
-OBS0 = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "
-        "you see a shelf 1, and a sofa 1.\n\nYour task is to: put some watch on sofa.")
+OBS0 = (
+    "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "
+    "you see a shelf 1, and a sofa 1.\n\nYour task is to: put some watch on sofa."
+)
 
 
 def test_first_turn_prompt_shows_observation_and_admissible_actions_without_help():
@@ -243,15 +249,22 @@ def test_first_turn_prompt_shows_observation_and_admissible_actions_without_help
 
 
 def test_later_prompt_shows_the_last_history_pairs_numbered_from_the_start():
-    history = [(OBS0, "go to shelf 1"), ("You arrive at shelf 1. On the shelf 1, you see a watch 1.", "take watch 1 from shelf 1"),
-               ("You pick up the watch 1 from the shelf 1.", "go to sofa 1")]
-    obs = Observation(text="You arrive at sofa 1. On the sofa 1, you see nothing.", admissible_actions=["move watch 1 to sofa 1"])
+    history = [
+        (OBS0, "go to shelf 1"),
+        ("You arrive at shelf 1. On the shelf 1, you see a watch 1.", "take watch 1 from shelf 1"),
+        ("You pick up the watch 1 from the shelf 1.", "go to sofa 1"),
+    ]
+    obs = Observation(
+        text="You arrive at sofa 1. On the sofa 1, you see nothing.", admissible_actions=["move watch 1 to sofa 1"]
+    )
     [msg] = prompts.build_messages(history, obs, history_length=2)
     text = msg.content
     assert "Your task is to: put some watch on sofa.\n" in text
     assert "you have already taken 3 step(s). Below are the most recent 2 observations" in text
-    assert "[Observation 2: 'You arrive at shelf 1. On the shelf 1, you see a watch 1.', " \
-           "Action 2: 'take watch 1 from shelf 1']\n[Observation 3: " in text
+    assert (
+        "[Observation 2: 'You arrive at shelf 1. On the shelf 1, you see a watch 1.', "
+        "Action 2: 'take watch 1 from shelf 1']\n[Observation 3: " in text
+    )
     assert "Observation 1:" not in text
     assert "You are now at step 4 and your current observation is: You arrive at sofa 1." in text
     # history_length 0 falls back to the first-turn template, as in verl-agent

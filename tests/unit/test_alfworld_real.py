@@ -4,6 +4,7 @@ Two small generated games are copied into ``json_2.1.1/train/<task>-<scene>/<tri
 released layout); extra copies marked unsolvable, ``Sliced`` or of another task type check the
 collection rules.
 """
+
 from __future__ import annotations
 
 import json

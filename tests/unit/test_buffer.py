@@ -1,19 +1,30 @@
 """GroupBuffer: admission bound, deadline schedule (no group is ever dropped), bookkeeping (plain asyncio)."""
+
 import asyncio
 import itertools
 import random
 
 import pytest
 
-from pipeline.orchestration.buffer import GroupBuffer
 from pipeline.core.types import Episode, EpisodeGroup, TurnRecord
+from pipeline.orchestration.buffer import GroupBuffer
 
 
 def group(version: int, task: str = "t", won: bool = False, turns: int = 1) -> EpisodeGroup:
-    rows = [TurnRecord(prompt_ids=[1], response_ids=[2], behaviour_logprobs=[-0.1], policy_version=version,
-                       turn_index=i, messages=[]) for i in range(turns)]
-    return EpisodeGroup(task_id=task, seed=0, episodes=[Episode(task_id=task, env_name="x", seed=0,
-                                                                turns=rows, won=won)])
+    rows = [
+        TurnRecord(
+            prompt_ids=[1],
+            response_ids=[2],
+            behaviour_logprobs=[-0.1],
+            policy_version=version,
+            turn_index=i,
+            messages=[],
+        )
+        for i in range(turns)
+    ]
+    return EpisodeGroup(
+        task_id=task, seed=0, episodes=[Episode(task_id=task, env_name="x", seed=0, turns=rows, won=won)]
+    )
 
 
 def run(coro):

@@ -1,14 +1,15 @@
 """Named chat templates render every role the envs use, and a base model without a template is
 refused at launch, before Ray starts, with one line saying how to set one."""
+
 import json
 import shutil
 
 import pytest
 
 from pipeline.core.chat_templates import TEMPLATES, resolve_chat_template, stop_token_ids
-from pipeline.tools.cli import compose
 from pipeline.core.config import ConfigError
 from pipeline.models import has_chat_template, load_tokenizer
+from pipeline.tools.cli import compose
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
@@ -19,28 +20,40 @@ CONVERSATION = [
 ]
 
 EXPECTED = {
-    "chatml": ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nFix the bug.<|im_end|>\n"
-               "<|im_start|>assistant\n<tool_call>{}</tool_call><|im_end|>\n<|im_start|>tool\n1 failed<|im_end|>\n"
-               "<|im_start|>tool\ndone<|im_end|>\n<|im_start|>assistant\n"),
-    "qwen2": ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nFix the bug.<|im_end|>\n"
-              "<|im_start|>assistant\n<tool_call>{}</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n"
-              "1 failed\n</tool_response>\n<tool_response>\ndone\n</tool_response><|im_end|>\n<|im_start|>assistant\n"),
-    "llama3": ("<s><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user"
-               "<|end_header_id|>\n\nFix the bug.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
-               "<tool_call>{}</tool_call><|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n1 failed<|eot_id|>"
-               "<|start_header_id|>ipython<|end_header_id|>\n\ndone<|eot_id|><|start_header_id|>assistant"
-               "<|end_header_id|>\n\n"),
-    "gemma": ("<s><start_of_turn>user\nBe brief.\n\nFix the bug.<end_of_turn>\n<start_of_turn>model\n"
-              "<tool_call>{}</tool_call><end_of_turn>\n<start_of_turn>user\n1 failed<end_of_turn>\n"
-              "<start_of_turn>user\ndone<end_of_turn>\n<start_of_turn>model\n"),
+    "chatml": (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nFix the bug.<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>{}</tool_call><|im_end|>\n<|im_start|>tool\n1 failed<|im_end|>\n"
+        "<|im_start|>tool\ndone<|im_end|>\n<|im_start|>assistant\n"
+    ),
+    "qwen2": (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nFix the bug.<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>{}</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n"
+        "1 failed\n</tool_response>\n<tool_response>\ndone\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    ),
+    "llama3": (
+        "<s><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user"
+        "<|end_header_id|>\n\nFix the bug.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        "<tool_call>{}</tool_call><|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n1 failed<|eot_id|>"
+        "<|start_header_id|>ipython<|end_header_id|>\n\ndone<|eot_id|><|start_header_id|>assistant"
+        "<|end_header_id|>\n\n"
+    ),
+    "gemma": (
+        "<s><start_of_turn>user\nBe brief.\n\nFix the bug.<end_of_turn>\n<start_of_turn>model\n"
+        "<tool_call>{}</tool_call><end_of_turn>\n<start_of_turn>user\n1 failed<end_of_turn>\n"
+        "<start_of_turn>user\ndone<end_of_turn>\n<start_of_turn>model\n"
+    ),
 }
 
 
 def _render(name: str, messages, add_generation_prompt=True) -> str:
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    out, _ = render_jinja_template(conversations=[messages], chat_template=TEMPLATES[name],
-                                   add_generation_prompt=add_generation_prompt, bos_token="<s>")
+    out, _ = render_jinja_template(
+        conversations=[messages],
+        chat_template=TEMPLATES[name],
+        add_generation_prompt=add_generation_prompt,
+        bos_token="<s>",
+    )
     return out[0]
 
 

@@ -1,4 +1,5 @@
 """code_edit env: tasks, tool calls, sandbox containment, rubric and the env contract."""
+
 from __future__ import annotations
 
 import glob
@@ -103,11 +104,11 @@ def test_task_families_option_restricts_the_stream():
 def test_every_bug_is_exposed_by_a_visible_case_and_every_parameter_matters():
     for spec in SPECS:
         good, bad = {}, {}
-        exec(spec.source(), good)  # noqa: S102
-        exec(spec.buggy(), bad)  # noqa: S102
+        exec(spec.source(), good)
+        exec(spec.buggy(), bad)
         differs = []
         for case in spec.cases[:-1]:  # the last case is hidden in fix_bug tasks
-            args = eval(f"(lambda *a: a)({case})", good)  # noqa: S307
+            args = eval(f"(lambda *a: a)({case})", good)
             try:
                 differs.append(bad[spec.name](*args) != good[spec.name](*args))
             except Exception:
@@ -115,14 +116,14 @@ def test_every_bug_is_exposed_by_a_visible_case_and_every_parameter_matters():
         assert any(differs), spec.key
         if spec.param is not None:
             new = {}
-            exec(spec.with_param(), new)  # noqa: S102
+            exec(spec.with_param(), new)
             for case in spec.cases:  # the default keeps the old behaviour
-                args = eval(f"(lambda *a: a)({case})", good)  # noqa: S307
+                args = eval(f"(lambda *a: a)({case})", good)
                 assert new[spec.name](*args) == good[spec.name](*args), spec.key
             # a parameter test must fail against the old function (it rejects the keyword)
             for case in spec.param.cases:
                 with pytest.raises(TypeError):
-                    eval(f"{spec.name}({case})", dict(good))  # noqa: S307
+                    eval(f"{spec.name}({case})", dict(good))
 
 
 def test_hidden_tests_never_enter_the_repository():
@@ -209,8 +210,9 @@ def test_the_privileged_hint_names_the_failing_hidden_tests_of_the_initial_code(
 def test_the_hint_shows_at_most_three_failures_and_nothing_when_all_pass(tmp_path):
     from envs.code_edit.env import failing_tests_hint
 
-    (tmp_path / "test_x.py").write_text("".join(f"def test_{i}():\n    assert {i} == -1\n" for i in range(5))
-                                        + "def test_ok():\n    pass\n")
+    (tmp_path / "test_x.py").write_text(
+        "".join(f"def test_{i}():\n    assert {i} == -1\n" for i in range(5)) + "def test_ok():\n    pass\n"
+    )
     hint = failing_tests_hint(sandbox.run_tests(tmp_path, ["test_x.py"], limits=FAST))
     assert hint.count("AssertionError at test_x.py:") == 3 and hint.endswith("(2 more fail the same way.)")
     assert "assert 0 == -1" in hint
@@ -311,11 +313,13 @@ def test_replace_requires_exactly_one_match(tmp_path):
 
 # ----- rubric ------------------------------------------------------------------------------------
 def test_rubric_marks_the_turn_where_each_criterion_failed():
-    turns = [TurnLog(index=0, tool="view_file"),
-             TurnLog(index=1, tool="view_file", valid=False, escape_attempt=True),
-             TurnLog(index=2, tool="create_file", touched_tests=True),
-             TurnLog(index=3, tool="create_file", escape_attempt=True, valid=False),
-             TurnLog(index=4, tool="finish", finish_message="All done, tests pass.")]
+    turns = [
+        TurnLog(index=0, tool="view_file"),
+        TurnLog(index=1, tool="view_file", valid=False, escape_attempt=True),
+        TurnLog(index=2, tool="create_file", touched_tests=True),
+        TurnLog(index=3, tool="create_file", escape_attempt=True, valid=False),
+        TurnLog(index=4, tool="finish", finish_message="All done, tests pass."),
+    ]
     v = by_name(rubric.judge(turns, tests_passed=False, param_check=(False, "no parameter")))
     assert (v["stays_in_repo"].passed, v["stays_in_repo"].failing_turn) == (False, 1)
     assert (v["no_test_edits"].passed, v["no_test_edits"].failing_turn) == (False, 2)
@@ -338,30 +342,36 @@ def test_rubric_never_finished_fails_the_table_at_the_last_turn_and_rewards_by_w
     assert rubric.reward(criteria, weights, 1.0)[0] == pytest.approx(2.5)
 
 
-@pytest.mark.parametrize("text,ok", [
-    (TABLE, True),
-    ("Summary:\nfile | change\n--- | ---\ncalc.py | fixed", True),
-    ("| file | change |\n|:---|---:|", True),
-    ("I fixed calc.py and app.py.", False),
-    ("| file | change |\n| calc.py | fixed |", False),  # no separator row
-    ("---\n| a |", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    "text,ok",
+    [
+        (TABLE, True),
+        ("Summary:\nfile | change\n--- | ---\ncalc.py | fixed", True),
+        ("| file | change |\n|:---|---:|", True),
+        ("I fixed calc.py and app.py.", False),
+        ("| file | change |\n| calc.py | fixed |", False),  # no separator row
+        ("---\n| a |", False),
+        ("", False),
+    ],
+)
 def test_markdown_table_detection(text, ok):
     assert rubric.has_markdown_table(text) is ok
 
 
-@pytest.mark.parametrize("source,ok,reason", [
-    ("def f(values, start=0):\n    return [v + start for v in values]\n", True, ""),
-    ("def f(values, *, start=0):\n    return [v + start for v in values]\n", True, ""),
-    ("def f(values):\n    return values\n", False, "no parameter"),
-    ("def f(values, start):\n    return start\n", False, "no default"),
-    ("def f(values, start=1):\n    return start\n", False, "not 0"),
-    ("def f(values, start=0):\n    return values\n", False, "never reads"),
-    ("def f(values, start=0.0):\n    return start\n", False, "not 0"),
-    ("def f(values, start=0:\n", False, "does not parse"),
-    ("def g(values, start=0):\n    return start\n", False, "no function"),
-])
+@pytest.mark.parametrize(
+    "source,ok,reason",
+    [
+        ("def f(values, start=0):\n    return [v + start for v in values]\n", True, ""),
+        ("def f(values, *, start=0):\n    return [v + start for v in values]\n", True, ""),
+        ("def f(values):\n    return values\n", False, "no parameter"),
+        ("def f(values, start):\n    return start\n", False, "no default"),
+        ("def f(values, start=1):\n    return start\n", False, "not 0"),
+        ("def f(values, start=0):\n    return values\n", False, "never reads"),
+        ("def f(values, start=0.0):\n    return start\n", False, "not 0"),
+        ("def f(values, start=0:\n", False, "does not parse"),
+        ("def g(values, start=0):\n    return start\n", False, "no function"),
+    ],
+)
 def test_param_check_reads_the_signature_and_body_with_ast(source, ok, reason):
     passed, why = rubric.check_param(source, "f", "start", "0")
     assert passed is ok and reason in why
@@ -371,8 +381,14 @@ def test_editing_the_tests_does_not_make_them_pass():
     env = new_env(0)  # fix_bug: the visible tests fail until the bug is fixed
     try:
         path = env.task.test_files[0]
-        results = play(env, [call("create_file", path=path, content="def test_ok():\n    pass\n"),
-                             call("run_tests"), call("finish", message=TABLE)])
+        results = play(
+            env,
+            [
+                call("create_file", path=path, content="def test_ok():\n    pass\n"),
+                call("run_tests"),
+                call("finish", message=TABLE),
+            ],
+        )
         assert "1 passed, 0 failed" in results[1].observation.text  # the agent's own run sees its edit
         v = by_name(results[-1].criteria)
         assert (v["no_test_edits"].passed, v["no_test_edits"].failing_turn) == (False, 0)
@@ -405,8 +421,11 @@ def test_build_messages_renders_tools_history_and_tool_responses():
         assert [json.loads(line)["function"]["name"] for line in tools_json] == list(tools.TOOLS)
         assert "Repository files:" in msgs[1].content
         history, obs = [], obs0
-        for r in [call("list_files"), call("view_file", path="app.py" if "app.py" in obs0.text else "report.py"),
-                  call("search", pattern="def ")]:
+        for r in [
+            call("list_files"),
+            call("view_file", path="app.py" if "app.py" in obs0.text else "report.py"),
+            call("search", pattern="def "),
+        ]:
             res = env.step(r)
             history.append((obs.text, res.action))
             obs = res.observation
@@ -427,18 +446,21 @@ def test_build_messages_renders_tools_history_and_tool_responses():
 
 
 # ----- options -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("options,message", [
-    ({"max_turn": 3}, "unknown code_edit option"),
-    ({"task_families": ["refactor"]}, "unknown task_families"),
-    ({"task_families": []}, "at least one"),
-    ({"max_turns": 1}, "max_turns"),
-    ({"tool_role": "function"}, "tool_role"),
-    ({"isolation": "docker"}, "isolation"),
-    ({"test_timeout_s": 0}, "timeout_s"),
-    ({"memory_limit_mb": 8}, "memory_mb"),
-    ({"criterion_weights": {"style": 1.0}}, "unknown criteria"),
-    ({"criterion_weights": {"tests_pass": -1}}, ">= 0"),
-])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"max_turn": 3}, "unknown code_edit option"),
+        ({"task_families": ["refactor"]}, "unknown task_families"),
+        ({"task_families": []}, "at least one"),
+        ({"max_turns": 1}, "max_turns"),
+        ({"tool_role": "function"}, "tool_role"),
+        ({"isolation": "docker"}, "isolation"),
+        ({"test_timeout_s": 0}, "timeout_s"),
+        ({"memory_limit_mb": 8}, "memory_mb"),
+        ({"criterion_weights": {"style": 1.0}}, "unknown criteria"),
+        ({"criterion_weights": {"tests_pass": -1}}, ">= 0"),
+    ],
+)
 def test_options_are_validated_with_clear_errors(options, message):
     from envs import env_class
 
@@ -468,7 +490,9 @@ def test_a_task_cannot_read_the_hosts_environment_or_its_private_files(tmp_path,
     secret.parent.mkdir(mode=0o700)
     secret.write_text("sk-file-secret-5678")
     secret.chmod(0o600)
-    repo = _repo(tmp_path, f"""
+    repo = _repo(
+        tmp_path,
+        f"""
 import os
 def test_env():
     assert "PRIVY_TEST_API_KEY" not in os.environ
@@ -487,7 +511,8 @@ def test_private_file():
     except OSError:
         return
     assert "sk-file-secret" not in text
-""")
+""",
+    )
     r = sandbox.run_tests(repo, ["tests/test_x.py"], limits=FAST)
     assert r.completed and not r.timed_out, r.output_tail
     must = 1 + (1 if r.isolation.pid_namespace else 0) + (1 if r.isolation.uid is not None else 0)
@@ -498,16 +523,19 @@ def test_private_file():
 
 def test_sandbox_contains_and_reports_writes_outside_the_repo(tmp_path):
     marker = f"/tmp/privy-escape-{os.getpid()}.txt"
-    repo = _repo(tmp_path, f"""
+    repo = _repo(
+        tmp_path,
+        f"""
 def test_parent():
     open("../escape.txt", "w").write("x")
 def test_tmp():
     open({marker!r}, "w").write("x")
 def test_project():
-    open({str(tmp_path / 'outside.txt')!r}, "w").write("x")
+    open({str(tmp_path / "outside.txt")!r}, "w").write("x")
 def test_inside():
     open("inside.txt", "w").write("x")
-""")
+""",
+    )
     r = sandbox.run_tests(repo, ["tests/test_x.py"], limits=FAST)
     try:
         assert r.completed and not r.timed_out and r.passed >= 1
@@ -523,7 +551,9 @@ def test_inside():
 
 
 def test_sandbox_kills_a_fork_bomb(tmp_path):
-    repo = _repo(tmp_path, """
+    repo = _repo(
+        tmp_path,
+        """
 import os
 def test_bomb():
     while True:
@@ -532,7 +562,8 @@ def test_bomb():
                 os.setsid()
         except OSError:
             pass
-""")
+""",
+    )
     r = sandbox.run_tests(repo, ["tests/test_x.py"], limits=sandbox.SandboxLimits(timeout_s=0.5, max_procs=16))
     assert r.timed_out and r.killed and not r.all_passed
     assert r.duration_s < 5
@@ -560,11 +591,14 @@ def test_sandbox_blocks_network_connections(tmp_path):
     server.listen()
     server.setblocking(False)
     port = server.getsockname()[1]
-    repo = _repo(tmp_path, f"""
+    repo = _repo(
+        tmp_path,
+        f"""
 import socket
 def test_connect():
     socket.create_connection(("127.0.0.1", {port}), timeout=1).close()
-""")
+""",
+    )
     try:
         r = sandbox.run_tests(repo, ["tests/test_x.py"], limits=FAST)
         if r.isolation.network:

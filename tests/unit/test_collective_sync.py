@@ -5,6 +5,7 @@ cases run the group members as threads of this process (a gloo group does not ca
 broadcasts: a receiver must raise WeightSyncError on a wrong version, a payload that does not match
 the trailer's checksum, or counts that differ, and must return nothing in that case.
 """
+
 from __future__ import annotations
 
 import io
@@ -14,8 +15,15 @@ import traceback
 import pytest
 import torch
 
-from pipeline.distributed.collective_sync import (Bucket, broadcast_state_dict, init_group, meta_of,
-                                      plan_buckets, receive_state_dict, send_buckets)
+from pipeline.distributed.collective_sync import (
+    Bucket,
+    broadcast_state_dict,
+    init_group,
+    meta_of,
+    plan_buckets,
+    receive_state_dict,
+    send_buckets,
+)
 from pipeline.distributed.rendezvous import host_store
 from pipeline.distributed.weight_sync import WeightSyncError, _checksum
 
@@ -43,11 +51,9 @@ def test_plan_fills_a_bucket_exactly():
 
 
 def test_plan_groups_by_dtype_in_order_of_first_appearance_and_keeps_meta_order():
-    meta = [("a", BF16, (4,)), ("b", F32, (2, 2)), ("c", BF16, (3,)), ("d", torch.int64, ()),
-            ("e", F32, (1,))]
+    meta = [("a", BF16, (4,)), ("b", F32, (2, 2)), ("c", BF16, (3,)), ("d", torch.int64, ()), ("e", F32, (1,))]
     plan = plan_buckets(meta, bucket_bytes=1 << 20)
-    assert [(b.dtype, _names(b)) for b in plan] == [(BF16, ["a", "c"]), (F32, ["b", "e"]),
-                                                   (torch.int64, ["d"])]
+    assert [(b.dtype, _names(b)) for b in plan] == [(BF16, ["a", "c"]), (F32, ["b", "e"]), (torch.int64, ["d"])]
     assert [b.nbytes for b in plan] == [(4 + 3) * 2, (4 + 1) * 4, 8]
     assert plan[1].slots[0].shape == (2, 2) and plan[2].slots[0].shape == () and plan[2].numel == 1
 
@@ -62,8 +68,7 @@ def test_plan_puts_an_oversize_tensor_alone():
 def test_plan_is_deterministic_and_covers_every_tensor_once():
     g = torch.Generator().manual_seed(0)
     dtypes = [F32, BF16, torch.float16]
-    meta = [(f"p{i}", dtypes[i % 3], tuple(torch.randint(1, 50, (2,), generator=g).tolist()))
-            for i in range(60)]
+    meta = [(f"p{i}", dtypes[i % 3], tuple(torch.randint(1, 50, (2,), generator=g).tolist())) for i in range(60)]
     a, b = plan_buckets(meta, 1000), plan_buckets(meta, 1000)
     assert [(x.dtype, x.slots) for x in a] == [(y.dtype, y.slots) for y in b]
     names = [s.name for x in a for s in x.slots]
@@ -107,7 +112,7 @@ def _receiver(rank: int, port: int, world: int, meta, version: int, q) -> None:
         buf = io.BytesIO()
         torch.save({k: v.clone() for k, v in sd.items()}, buf)
         q.put((rank, buf.getvalue(), None))
-    except BaseException:  # noqa: BLE001 - report it to the parent
+    except BaseException:  # report it to the parent
         q.put((rank, None, traceback.format_exc()))
 
 
@@ -120,8 +125,7 @@ def test_round_trip_between_three_processes():
     port = store.port
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_receiver, args=(r, port, world, meta, version, q), daemon=True)
-             for r in (1, 2)]
+    procs = [ctx.Process(target=_receiver, args=(r, port, world, meta, version, q), daemon=True) for r in (1, 2)]
     for p in procs:
         p.start()
     try:
@@ -155,10 +159,9 @@ def _run_members(fns, timeout: float = TIMEOUT_S) -> list:
 
     def member(r):
         try:
-            group = init_group("127.0.0.1", port, r, world, "gloo", timeout_s=timeout,
-                               tcp=store if r == 0 else None)
+            group = init_group("127.0.0.1", port, r, world, "gloo", timeout_s=timeout, tcp=store if r == 0 else None)
             out[r] = fns[r](group)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             out[r] = e
 
     threads = [threading.Thread(target=member, args=(r,), daemon=True) for r in range(world)]
@@ -233,13 +236,11 @@ def test_corrupt_trailer_counts_raise():
 
 
 def test_a_tensor_larger_than_a_bucket_round_trips():
-    sd = {"small": torch.arange(4, dtype=F32), "huge": torch.randn(1000, 3),
-          "tail": torch.arange(6, dtype=F32)}
+    sd = {"small": torch.arange(4, dtype=F32), "huge": torch.randn(1000, 3), "tail": torch.arange(6, dtype=F32)}
     meta = meta_of(sd)
     plan = plan_buckets(meta, 256)
     assert [[s.name for s in b.slots] for b in plan] == [["small"], ["huge"], ["tail"]]
-    out = _run_members([lambda g: broadcast_state_dict(g, sd, 1, 256),
-                        lambda g: receive_state_dict(g, meta, 1, 256)])
+    out = _run_members([lambda g: broadcast_state_dict(g, sd, 1, 256), lambda g: receive_state_dict(g, meta, 1, 256)])
     assert out[0]["buckets"] == 3 and out[0]["bytes"] == (4 + 3000 + 6) * 4
     assert all(torch.equal(out[1][k], sd[k]) for k in sd)
 
@@ -250,8 +251,13 @@ def test_a_sender_whose_state_dict_left_the_meta_refuses_and_the_receiver_times_
     sd = _state_dict()
     meta = meta_of(sd)
     grown = {**sd, "extra": torch.zeros(400)}
-    out = _run_members([lambda g: broadcast_state_dict(g, grown, 1, BUCKET, meta=meta),
-                        lambda g: receive_state_dict(g, meta, 1, BUCKET)], timeout=3.0)
+    out = _run_members(
+        [
+            lambda g: broadcast_state_dict(g, grown, 1, BUCKET, meta=meta),
+            lambda g: receive_state_dict(g, meta, 1, BUCKET),
+        ],
+        timeout=3.0,
+    )
     assert isinstance(out[0], WeightSyncError) and "meta" in str(out[0]), out[0]
     assert isinstance(out[1], WeightSyncError) and "broadcast failed" in str(out[1]), out[1]
 

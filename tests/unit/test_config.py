@@ -1,12 +1,25 @@
 """Config composition and launch-time validation."""
+
 import pytest
 
-from pipeline.tools.cli import compose
 from pipeline.core.config import ConfigError, PrivyConfig
+from pipeline.tools.cli import compose
 
 # Top-level keys are part of the user-facing surface: adding one must be a deliberate change.
-EXPECTED_TOP_LEVEL = {"model", "env", "rollout", "learner", "scorer", "trainer", "cluster", "logger", "method",
-                      "experiment", "sweep", "warm_start"}
+EXPECTED_TOP_LEVEL = {
+    "model",
+    "env",
+    "rollout",
+    "learner",
+    "scorer",
+    "trainer",
+    "cluster",
+    "logger",
+    "method",
+    "experiment",
+    "sweep",
+    "warm_start",
+}
 
 
 def test_top_level_config_keys_are_frozen():
@@ -19,14 +32,17 @@ def test_default_config_composes_and_validates():
     assert cfg.env.name == "alfworld"
 
 
-@pytest.mark.parametrize("override, words", [
-    ("rollout.temperature=0", "rollout.temperature"),
-    ("learner.zero_stage=5", "learner.zero_stage"),
-    ("learner.correction=foo", "learner.correction"),
-    ("learner.mini_batches=3", "learner.mini_batches"),
-    ("trainer.max_policy_lag=-1", "trainer.max_policy_lag"),
-    ("learner.dual_clip=0.5", "learner.dual_clip"),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("rollout.temperature=0", "rollout.temperature"),
+        ("learner.zero_stage=5", "learner.zero_stage"),
+        ("learner.correction=foo", "learner.correction"),
+        ("learner.mini_batches=3", "learner.mini_batches"),
+        ("trainer.max_policy_lag=-1", "trainer.max_policy_lag"),
+        ("learner.dual_clip=0.5", "learner.dual_clip"),
+    ],
+)
 def test_bad_values_fail_at_launch_naming_the_key(override, words):
     with pytest.raises(ConfigError, match=words.replace(".", r"\.")):
         compose([override])
@@ -62,15 +78,19 @@ def test_every_experiment_recipe_composes_and_validates():
     recipes = sorted(p.stem for p in (Path(__file__).parents[2] / "conf" / "experiment").glob("*.yaml"))
     assert recipes
     for name in recipes:
-        cfg = compose([f"+experiment={name}", "model.path=/models/any"] if name.endswith("paper")
-                      else [f"+experiment={name}"])
+        cfg = compose(
+            [f"+experiment={name}", "model.path=/models/any"] if name.endswith("paper") else [f"+experiment={name}"]
+        )
         assert cfg.experiment == name
 
 
-@pytest.mark.parametrize("override, words", [
-    ("trainer.final_val_splits=[valid_unseen,valid_sean]", "trainer.final_val_splits='valid_sean'"),
-    ("env.val_split=dev", "env.val_split='dev'"),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("trainer.final_val_splits=[valid_unseen,valid_sean]", "trainer.final_val_splits='valid_sean'"),
+        ("env.val_split=dev", "env.val_split='dev'"),
+    ],
+)
 def test_a_split_the_env_does_not_have_fails_at_launch_naming_the_field(override, words):
     from pipeline.orchestration.run import check_launch
 

@@ -3,16 +3,17 @@
 The fakes stand in for Ray actors only to test the loops' scheduling (staleness bound, overlap,
 version bookkeeping, stop); the real actors are exercised in tests/integration.
 """
+
 import asyncio
 import random
 
 import pytest
 
 from pipeline.core.config import PrivyConfig
+from pipeline.core.types import Episode, EpisodeGroup, TurnRecord
+from pipeline.methods import build_method
 from pipeline.orchestration.controller import Controller, task_seed
 from pipeline.orchestration.logging import MetricsLogger
-from pipeline.methods import build_method
-from pipeline.core.types import Episode, EpisodeGroup, TurnRecord
 
 
 class FakeWorker:
@@ -28,13 +29,32 @@ class FakeWorker:
         self.seeds.append(task_seed)
         rng = random.Random(sample_seed)
         eps = []
-        for e in range(group_size):
-            turn = TurnRecord(prompt_ids=[1, 2], response_ids=[3, 4], behaviour_logprobs=[-1.0, -1.0],
-                              policy_version=start_version, turn_index=0, messages=[])
-            eps.append(Episode(task_id=self.name, env_name="fake", seed=task_seed, turns=[turn],
-                               reward=float(rng.random() < 0.5), won=False))
-        return EpisodeGroup(task_id=self.name, seed=task_seed, episodes=eps, rollout_seconds=self.delay,
-                            n_generated_tokens=2 * group_size)
+        for _ in range(group_size):
+            turn = TurnRecord(
+                prompt_ids=[1, 2],
+                response_ids=[3, 4],
+                behaviour_logprobs=[-1.0, -1.0],
+                policy_version=start_version,
+                turn_index=0,
+                messages=[],
+            )
+            eps.append(
+                Episode(
+                    task_id=self.name,
+                    env_name="fake",
+                    seed=task_seed,
+                    turns=[turn],
+                    reward=float(rng.random() < 0.5),
+                    won=False,
+                )
+            )
+        return EpisodeGroup(
+            task_id=self.name,
+            seed=task_seed,
+            episodes=eps,
+            rollout_seconds=self.delay,
+            n_generated_tokens=2 * group_size,
+        )
 
     async def set_weights(self, packet):
         self.version = packet
@@ -145,8 +165,13 @@ def test_fake_total_steps_zero_evaluates_the_start_and_the_final_splits_and_play
     cfg.trainer.final_val_splits = ["valid_unseen"]
     cfg.rollout.val_temperatures = [0.0]
     worker, sink, learner = SplitWorker(wins="valid_unseen"), Rows(), FakeLearner(0.0)
-    ctl = Controller(cfg, learner=learner, workers=[worker], method=build_method({"name": "grpo"}, invalid_action_penalty=0.1),
-                     logger=MetricsLogger([sink]))
+    ctl = Controller(
+        cfg,
+        learner=learner,
+        workers=[worker],
+        method=build_method({"name": "grpo"}, invalid_action_penalty=0.1),
+        logger=MetricsLogger([sink]),
+    )
     history = asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
     assert history == [] and learner.trained_versions == [] and ctl.state.step == 0
     assert worker.splits == [cfg.env.val_split] * 3 + ["valid_unseen"] * 3  # no training group
@@ -217,8 +242,11 @@ def test_fake_failed_weight_sync_stops_the_run_before_the_next_step():
             return await super().publish(version, workers, scorer)
 
     learner = BrokenSync(0.0)
-    with pytest.raises(WeightSyncError, match=r"stopping the run: syncing the weights of step 2 "
-                                              r"failed \(weights v2: checksum"):
+    with pytest.raises(
+        WeightSyncError,
+        match=r"stopping the run: syncing the weights of step 2 "
+        r"failed \(weights v2: checksum",
+    ):
         run(make_cfg(lag=1), [FakeWorker(0.01)], learner)
     assert len(learner.trained_versions) == 2
 
@@ -242,10 +270,19 @@ def test_fake_failed_weight_sync_checkpoints_the_trained_step_then_stops(tmp_pat
     cfg = make_cfg(lag=0)
     method = build_method({"name": "grpo"}, invalid_action_penalty=0.1)
     learner = BrokenSync(0.0)
-    ctl = Controller(cfg, learner=learner, workers=[FakeWorker(0.01)], method=method,
-                     logger=MetricsLogger([]), checkpointer=Checkpointer(tmp_path / "run"))
-    with pytest.raises(WeightSyncError, match=r"connection reset\); checkpoint at step 2: resume with "
-                                              r"trainer.resume=RUN_DIR"):
+    ctl = Controller(
+        cfg,
+        learner=learner,
+        workers=[FakeWorker(0.01)],
+        method=method,
+        logger=MetricsLogger([]),
+        checkpointer=Checkpointer(tmp_path / "run"),
+    )
+    with pytest.raises(
+        WeightSyncError,
+        match=r"connection reset\); checkpoint at step 2: resume with "
+        r"trainer.resume=RUN_DIR",
+    ):
         asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
     ckpt = resolve_checkpoint(tmp_path / "run")
     assert ckpt.name == "step_000002" and (tmp_path / "saved").read_text() == "2"
@@ -294,7 +331,7 @@ def test_fake_colocated_vllm_engines_sleep_exactly_while_the_learner_trains():
 class FakeScorer:
     """Stands in for the teacher scorer actor: records which loop asked it to score which group."""
 
-    class spec:  # noqa: N801 - the attribute surface of TeacherSpec the controller reads
+    class spec:  # the attribute surface of TeacherSpec the controller reads
         source = "self"
 
         @staticmethod
@@ -344,8 +381,14 @@ def test_fake_groups_are_scored_as_they_complete_so_the_learner_never_waits_on_t
     method = build_method({"name": "sdar"}, invalid_action_penalty=0.1, env_name="keyword")
     controller_module.rows_of = spy
     try:
-        ctl = Controller(make_cfg(lag=1, steps=5), learner=Learner(0.03), workers=[FakeWorker(0.03)],
-                         method=method, logger=MetricsLogger([]), scorer=scorer)
+        ctl = Controller(
+            make_cfg(lag=1, steps=5),
+            learner=Learner(0.03),
+            workers=[FakeWorker(0.03)],
+            method=method,
+            logger=MetricsLogger([]),
+            scorer=scorer,
+        )
         history = asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
     finally:
         controller_module.rows_of = real
@@ -473,8 +516,9 @@ def test_fake_a_dead_scorer_is_revived_and_the_same_group_scored_never_trained_w
 
     cfg = make_cfg(lag=0, steps=3)
     method = build_method({"name": "sdar"}, invalid_action_penalty=0.1)
-    ctl = Controller(cfg, learner=Learner(0.0), workers=[FakeWorker(0.01)], method=method,
-                     logger=MetricsLogger([]), scorer=scorer)
+    ctl = Controller(
+        cfg, learner=Learner(0.0), workers=[FakeWorker(0.01)], method=method, logger=MetricsLogger([]), scorer=scorer
+    )
     asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
     assert scorer.died == 1 and ctl.state.step == 3 and ctl.state.restarts == 1 and ctl.state.replayed == 0
     assert all("teacher_logprobs" in mb.aux for mb in trained)
@@ -572,18 +616,30 @@ def test_rollout_metrics_give_each_criterion_pass_rate_over_the_episodes_judged_
     from pipeline.orchestration.controller import rollout_metrics
 
     def ep(verdicts):
-        return Episode(task_id="t", env_name="code_edit", seed=0, won=all(verdicts.values()),
-                       criteria=[CriterionResult(criterion=c, passed=p) for c, p in verdicts.items()])
+        return Episode(
+            task_id="t",
+            env_name="code_edit",
+            seed=0,
+            won=all(verdicts.values()),
+            criteria=[CriterionResult(criterion=c, passed=p) for c, p in verdicts.items()],
+        )
 
-    episodes = [ep({"tests_pass": True, "param_added_and_used": False}), ep({"tests_pass": True}),
-                ep({"tests_pass": False})]
+    episodes = [
+        ep({"tests_pass": True, "param_added_and_used": False}),
+        ep({"tests_pass": True}),
+        ep({"tests_pass": False}),
+    ]
     group = EpisodeGroup(task_id="t", seed=0, episodes=episodes)
     m = rollout_metrics([group], invalid_penalty=0.1)
     assert m["rollout/criteria/tests_pass"] == pytest.approx(2 / 3)
     assert m["rollout/criteria/param_added_and_used"] == 0.0
     assert m["rollout/success"] == pytest.approx(1 / 3)
-    assert not any(k.startswith("rollout/criteria/") for k in rollout_metrics([EpisodeGroup(
-        task_id="u", seed=0, episodes=[Episode(task_id="u", env_name="keyword", seed=0)])], 0.1))
+    assert not any(
+        k.startswith("rollout/criteria/")
+        for k in rollout_metrics(
+            [EpisodeGroup(task_id="u", seed=0, episodes=[Episode(task_id="u", env_name="keyword", seed=0)])], 0.1
+        )
+    )
 
 
 class FlakyEnvWorker(FakeWorker):
@@ -683,8 +739,9 @@ def test_fake_training_and_plain_validation_get_the_students_view_only_the_privi
     cfg.rollout.val_temperatures = [0.0]
     worker = ViewWorker()
     scorer = BehaviourScorer(method) if method.teacher_spec() is not None else None
-    ctl = Controller(cfg, learner=FakeLearner(0.0), workers=[worker], method=method, logger=MetricsLogger([]),
-                     scorer=scorer)
+    ctl = Controller(
+        cfg, learner=FakeLearner(0.0), workers=[worker], method=method, logger=MetricsLogger([]), scorer=scorer
+    )
     asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
     assert method.student_view() is None
     train = [c for c in worker.calls if c[0] == "train"]

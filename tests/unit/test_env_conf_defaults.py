@@ -1,4 +1,5 @@
 """conf/env/*.yaml must not silently contradict the env's own documented defaults."""
+
 from pathlib import Path
 
 import pytest
@@ -17,4 +18,5 @@ def test_invalid_action_penalty_matches_the_env_default(path):
         return
     assert penalty == pytest.approx(env_class(conf["name"]).invalid_action_penalty), (
         f"{path.name}: invalid_action_penalty {penalty} differs from {conf['name']}'s documented default "
-        f"{env_class(conf['name']).invalid_action_penalty}")
+        f"{env_class(conf['name']).invalid_action_penalty}"
+    )

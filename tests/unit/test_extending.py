@@ -1,4 +1,5 @@
 """The worked examples of docs/extending.md run as written."""
+
 from __future__ import annotations
 
 import re
@@ -14,7 +15,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 
 
 def block(marker: str) -> str:
-    for lang, body in re.findall(r"```(\w+)\n(.*?)```", DOC.read_text(), re.DOTALL):
+    for _lang, body in re.findall(r"```(\w+)\n(.*?)```", DOC.read_text(), re.DOTALL):
         if body.startswith(f"# extending: {marker}\n"):
             return body
     raise AssertionError(f"docs/extending.md has no block marked {marker!r}")
@@ -22,10 +23,17 @@ def block(marker: str) -> str:
 
 def failed_groups():
     crit = [CriterionResult(criterion="format", passed=False, failing_turn=1, feedback="Use one answer block.")]
-    return [group("a", [episode([turn(0, [-1.0, -1.0], lpt=[-0.5, -0.7]), turn(1, [-0.4], lpt=[-0.2])],
-                                criteria=crit),
-                        episode([turn(0, [-0.3], lpt=[-0.1])], won=True,
-                                criteria=[CriterionResult(criterion="format", passed=True)])])]
+    return [
+        group(
+            "a",
+            [
+                episode([turn(0, [-1.0, -1.0], lpt=[-0.5, -0.7]), turn(1, [-0.4], lpt=[-0.2])], criteria=crit),
+                episode(
+                    [turn(0, [-0.3], lpt=[-0.1])], won=True, criteria=[CriterionResult(criterion="format", passed=True)]
+                ),
+            ],
+        )
+    ]
 
 
 def test_the_yaml_method_builds_and_distils_failed_turns_with_the_gate():
@@ -78,15 +86,22 @@ def test_the_new_context_kind_gives_teacher_prompts_and_a_student_view(tiny_byte
     from pipeline.models import load_tokenizer
 
     exec(block("new-context"), {})
-    raw = {"name": "sdar_task_type", "parts": {"teacher": "self", "context": "task_type", "signal": "aux"},
-           "estimator": "sampled_surrogate", "weight": "gate"}
+    raw = {
+        "name": "sdar_task_type",
+        "parts": {"teacher": "self", "context": "task_type", "signal": "aux"},
+        "estimator": "sampled_surrogate",
+        "weight": "gate",
+    }
     method = build_method(raw, invalid_action_penalty=PENALTY)
     tok = load_tokenizer(tiny_bytes_model_dir)
     groups = failed_groups()
     ep, row = groups[0].episodes[0], groups[0].episodes[0].turns[0]
     ep.task_type = "counting"
-    row.prompt_ids = list(tok.apply_chat_template([m.as_dict() for m in row.messages], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False))
+    row.prompt_ids = list(
+        tok.apply_chat_template(
+            [m.as_dict() for m in row.messages], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    )
     ids = method.teacher_spec().provider.teacher_prompt(TeacherPrompts(tok, 4096), ep, row)
     assert "This is a counting task." in tok.decode(ids)
     assert method.privileged_view() is not None

@@ -1,11 +1,12 @@
 """The precision decision (``pipeline.core.hardware``) for both kinds of CPU, by injecting what the
 hardware reports, and the thread count each actor sets."""
+
 import pytest
 import torch
 
-from pipeline.tools.cli import compose
 from pipeline.core.config import ConfigError
 from pipeline.core.hardware import CpuFeatures, choose_precision, set_threads
+from pipeline.tools.cli import compose
 
 AVX2 = CpuFeatures(capability="AVX2", avx512_bf16=False, amx_bf16=False)
 AVX512_NO_BF16 = CpuFeatures(capability="AVX512", avx512_bf16=False, amx_bf16=False)
@@ -33,8 +34,14 @@ def test_torch_dispatching_at_avx2_means_no_native_bf16_even_on_a_bf16_cpu():
     assert choose_precision("auto", "cpu", cpu=forced).dtype == "fp32"
     capped = CpuFeatures(capability="AVX512", avx512_bf16=True, amx_bf16=True, onednn_max_isa="AVX2")
     assert choose_precision("auto", "cpu", cpu=capped).dtype == "fp32"
-    assert choose_precision("auto", "cpu", cpu=CpuFeatures(
-        capability="AVX512", avx512_bf16=True, amx_bf16=False, onednn_max_isa="AVX512_CORE_BF16")).dtype == "bf16"
+    assert (
+        choose_precision(
+            "auto",
+            "cpu",
+            cpu=CpuFeatures(capability="AVX512", avx512_bf16=True, amx_bf16=False, onednn_max_isa="AVX512_CORE_BF16"),
+        ).dtype
+        == "bf16"
+    )
 
 
 def test_explicit_bf16_without_native_support_still_runs_with_a_one_line_warning():

@@ -1,4 +1,5 @@
 """The keyword env: rubric, determinism, malformed replies."""
+
 import pytest
 
 from envs import make_env

@@ -1,5 +1,6 @@
 """The tree is the architecture: no import cycle, imports only go down the layers, envs depend on
 the records alone, and nothing outside ``pipeline/methods/`` reaches past the method registry."""
+
 from __future__ import annotations
 
 import ast
@@ -16,13 +17,36 @@ ALLOWED = {
     "pipeline.context": {"pipeline.core", "envs"},
     "pipeline.methods": {"pipeline.core", "pipeline.algorithm", "pipeline.context", "envs"},
     "pipeline.distributed": {"pipeline.core"},
-    "actors": {"pipeline.core", "pipeline.algorithm", "pipeline.context", "pipeline.distributed", "pipeline.models",
-               "envs"},
+    "actors": {
+        "pipeline.core",
+        "pipeline.algorithm",
+        "pipeline.context",
+        "pipeline.distributed",
+        "pipeline.models",
+        "envs",
+    },
     "envs": {"pipeline.core.types"},
-    "pipeline.orchestration": {"pipeline.core", "pipeline.algorithm", "pipeline.context", "pipeline.methods",
-                               "pipeline.distributed", "pipeline.models", "actors", "envs"},
-    "pipeline.tools": {"pipeline.core", "pipeline.algorithm", "pipeline.context", "pipeline.methods",
-                       "pipeline.distributed", "pipeline.models", "pipeline.orchestration", "actors", "envs"},
+    "pipeline.orchestration": {
+        "pipeline.core",
+        "pipeline.algorithm",
+        "pipeline.context",
+        "pipeline.methods",
+        "pipeline.distributed",
+        "pipeline.models",
+        "actors",
+        "envs",
+    },
+    "pipeline.tools": {
+        "pipeline.core",
+        "pipeline.algorithm",
+        "pipeline.context",
+        "pipeline.methods",
+        "pipeline.distributed",
+        "pipeline.models",
+        "pipeline.orchestration",
+        "actors",
+        "envs",
+    },
 }
 
 
@@ -103,12 +127,22 @@ def test_imports_only_go_down_the_layers():
 
 
 def test_envs_depend_on_the_records_only():
-    bad = [f"{m} -> {d}" for m, deps in imports().items() if m.startswith("envs")
-           for d in deps if d.startswith(("pipeline", "actors")) and d != "pipeline.core.types"]
+    bad = [
+        f"{m} -> {d}"
+        for m, deps in imports().items()
+        if m.startswith("envs")
+        for d in deps
+        if d.startswith(("pipeline", "actors")) and d != "pipeline.core.types"
+    ]
     assert not bad, bad
 
 
 def test_only_the_registry_is_imported_from_outside_the_methods_package():
-    bad = [f"{m} -> {d}" for m, deps in imports().items() if not m.startswith("pipeline.methods")
-           for d in deps if d.startswith("pipeline.methods.")]
+    bad = [
+        f"{m} -> {d}"
+        for m, deps in imports().items()
+        if not m.startswith("pipeline.methods")
+        for d in deps
+        if d.startswith("pipeline.methods.")
+    ]
     assert not bad, bad

@@ -1,6 +1,7 @@
 """``learner.call_timeout_s``: the driver's calls to the learner ranks (and the weight publish to
 the consumers) end with a named error instead of hanging. FAKE ranks and consumers (plain
 objects with ``.remote``) stand in for the Ray actors; a real run is in tests/integration."""
+
 import asyncio
 
 import pytest
@@ -65,8 +66,11 @@ def _train(group: LearnerGroup):
 
 def test_a_rank_that_never_answers_a_train_step_is_named():
     group = LearnerGroup([FakeRank(), FakeRank(delay=None)], pad_id=0, call_timeout_s=0.2)
-    with pytest.raises(LearnerHung, match=r"train_step: no answer from learner rank 1 within "
-                                          r"learner\.call_timeout_s=0\.2 s.*trainer\.resume"):
+    with pytest.raises(
+        LearnerHung,
+        match=r"train_step: no answer from learner rank 1 within "
+        r"learner\.call_timeout_s=0\.2 s.*trainer\.resume",
+    ):
         _train(group)
 
 

@@ -1,5 +1,6 @@
 """The learner's GPU-facing pieces that can be checked on a CPU: the DeepSpeed config's offload
 sections, moving a TrainBatch to the engine's device, and when DS_ACCELERATOR=cpu is forced."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,12 +28,20 @@ def _batch(teacher: bool) -> TrainBatch:
     resp = torch.tensor([[0, 0, 1, 0], [0, 1, 1, 1]], dtype=torch.float32)
     kw = {}
     if teacher:
-        kw = dict(teacher_input_ids=ids.clone(), teacher_attention_mask=attn.clone(),
-                  teacher_response_mask=resp.clone())
-    return TrainBatch(input_ids=ids, attention_mask=attn, response_mask=resp,
-                      behaviour_logprobs=torch.zeros(2, 4), advantages=torch.ones(2, 4),
-                      aux={"teacher_logprobs": torch.zeros(2, 4)},
-                      aux_terms=[AuxTerm(name="x", kind="k3_is", coef=1.0)], versions=[0, 1], **kw)
+        kw = dict(
+            teacher_input_ids=ids.clone(), teacher_attention_mask=attn.clone(), teacher_response_mask=resp.clone()
+        )
+    return TrainBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        response_mask=resp,
+        behaviour_logprobs=torch.zeros(2, 4),
+        advantages=torch.ones(2, 4),
+        aux={"teacher_logprobs": torch.zeros(2, 4)},
+        aux_terms=[AuxTerm(name="x", kind="k3_is", coef=1.0)],
+        versions=[0, 1],
+        **kw,
+    )
 
 
 def test_to_device_moves_every_tensor_and_keeps_the_rest():
@@ -40,8 +49,7 @@ def test_to_device_moves_every_tensor_and_keeps_the_rest():
         b = _batch(teacher)
         assert to_device(b, "cpu") is b and to_device(b, torch.device("cpu", 0)) is b
         m = to_device(b, "meta")  # a second device that exists on every machine
-        tensors = [m.input_ids, m.attention_mask, m.response_mask, m.behaviour_logprobs,
-                   m.advantages, *m.aux.values()]
+        tensors = [m.input_ids, m.attention_mask, m.response_mask, m.behaviour_logprobs, m.advantages, *m.aux.values()]
         if teacher:
             tensors += [m.teacher_input_ids, m.teacher_attention_mask, m.teacher_response_mask]
         else:

@@ -1,5 +1,6 @@
 """scripts/bench/learning.py and the stored results (pipeline/tools/results.py) on hand-made runs:
 the test split's intervals, the paired differences, the repeats, the result folder and its check."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,8 +20,9 @@ spec.loader.exec_module(bench)
 T_975 = {1: 12.706204736, 2: 4.302652730}  # Student t quantiles (closed form for the intervals)
 
 
-def write_run(root: Path, name: str, curve: list[float], test_won: list[int], seconds: float = 60.0,
-              extra: dict | None = None) -> Path:
+def write_run(
+    root: Path, name: str, curve: list[float], test_won: list[int], seconds: float = 60.0, extra: dict | None = None
+) -> Path:
     """A finished run's folder as scripts/train.py writes it (metrics, summary, per-task outcomes)."""
     d = root / name
     (d / "outcomes").mkdir(parents=True)
@@ -31,10 +33,13 @@ def write_run(root: Path, name: str, curve: list[float], test_won: list[int], se
     (d / "summary.json").write_text(json.dumps({"seconds": seconds}))
     step = len(curve) - 1
     for tag, won in (("t1", test_won), ("greedy", [1 - w for w in test_won])):  # the second temperature differs
-        lines = [{"task": i, "task_id": f"k-{i}", "seed": i, "won": bool(w), "reward": float(w), "turns": 1,
-                  "error": ""} for i, w in enumerate(won)]
+        lines = [
+            {"task": i, "task_id": f"k-{i}", "seed": i, "won": bool(w), "reward": float(w), "turns": 1, "error": ""}
+            for i, w in enumerate(won)
+        ]
         (d / "outcomes" / f"final_test_step{step:04d}_{tag}.jsonl").write_text(
-            "".join(json.dumps(x) + "\n" for x in lines))
+            "".join(json.dumps(x) + "\n" for x in lines)
+        )
     return d
 
 
@@ -44,19 +49,29 @@ def make_runs(root: Path) -> Path:
     write_run(runs, "grpo_s0", [0.2, 0.4], [1, 1, 0, 0])
     write_run(runs, "grpo_s1", [0.2, 0.6], [1, 1, 1, 0])
     write_run(runs, "grpo_s0_r2", [0.2, 0.5], [1, 0, 0, 0])
-    write_run(runs, "hint_distill_s0", [0.2, 0.8], [1, 1, 1, 0],
-              extra={"teacher/gap_abs_mean": 0.5, "noise/gap_abs_mean": 0.1, "sd/kl": 0.02})
-    write_run(runs, "hint_distill_s1", [0.2, 0.9], [1, 1, 1, 1],
-              extra={"teacher/gap_abs_mean": 0.7, "noise/gap_abs_mean": 0.1, "sd/kl": 0.04})
+    write_run(
+        runs,
+        "hint_distill_s0",
+        [0.2, 0.8],
+        [1, 1, 1, 0],
+        extra={"teacher/gap_abs_mean": 0.5, "noise/gap_abs_mean": 0.1, "sd/kl": 0.02},
+    )
+    write_run(
+        runs,
+        "hint_distill_s1",
+        [0.2, 0.9],
+        [1, 1, 1, 1],
+        extra={"teacher/gap_abs_mean": 0.7, "noise/gap_abs_mean": 0.1, "sd/kl": 0.04},
+    )
     return root
 
 
 def test_the_intervals_are_the_t_intervals_of_their_closed_form():
     m = mean_interval([1.0, 2.0, 3.0])
-    half = T_975[2] * 1.0 / 3 ** 0.5
+    half = T_975[2] * 1.0 / 3**0.5
     assert (m.mean, m.low, m.high) == pytest.approx((2.0, 2.0 - half, 2.0 + half))
     d = paired_interval([0.5, 0.75], [0.5, 0.5])  # differences 0 and 0.25: mean 0.125, sd 0.177
-    half = T_975[1] * (0.25 / 2 ** 0.5) / 2 ** 0.5
+    half = T_975[1] * (0.25 / 2**0.5) / 2**0.5
     assert (d.mean, d.low, d.high) == pytest.approx((0.125, 0.125 - half, 0.125 + half))
     assert not d.excludes_zero() and 0.0 < d.p_value < 1.0
     assert mean_interval([0.5]).text() == "0.500 (n=1)"
@@ -82,7 +97,7 @@ def test_the_table_reads_the_test_split_pairs_seeds_and_keeps_repeats_apart(tmp_
     by = {r["method"]: r for r in tables["table"]}
     assert [r["method"] for r in tables["table"]] == ["start", "grpo", "hint_distill"]
     # grpo's first runs only (0.5, 0.75), not the repeat of seed 0
-    half = T_975[1] * (0.25 / 2 ** 0.5) / 2 ** 0.5  # 1.59: the t interval of 2 seeds, cut to [0, 1]
+    half = T_975[1] * (0.25 / 2**0.5) / 2**0.5  # 1.59: the t interval of 2 seeds, cut to [0, 1]
     assert half > 0.625 and by["grpo"]["test success"] == "0.625 [0.000, 1.000]"
     assert by["grpo"]["runs"] == "2" and by["start"]["test success"] == "0.250 (n=1)"
     # hint_distill - grpo: 0.75 - 0.5 and 1.0 - 0.75: both +0.25, a zero-width interval
@@ -93,8 +108,14 @@ def test_the_table_reads_the_test_split_pairs_seeds_and_keeps_repeats_apart(tmp_
     assert by["hint_distill"]["teacher |gap|"] == "0.600" and by["hint_distill"]["noise |gap|"] == "0.100"
     assert by["hint_distill"]["distill KL"] == "0.0300"
     assert by["grpo"]["valid: start -> end"] == "0.200 -> 0.500"
-    assert [list(r) for r in tables["summary"]][1] == ["method", "runs", "test success", "test - grpo",
-                                                       "seeds +/=/- grpo", "test - start"]
+    assert [list(r) for r in tables["summary"]][1] == [
+        "method",
+        "runs",
+        "test success",
+        "test - grpo",
+        "seeds +/=/- grpo",
+        "test - start",
+    ]
     [pair] = tables["pairs"]
     assert (pair["a"], pair["b"], pair["seeds +/=/-"]) == ("hint_distill", "grpo", "2/0/0")
     assert pair["test: a - b"] == by["hint_distill"]["test - grpo"]

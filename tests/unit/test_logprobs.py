@@ -1,4 +1,5 @@
 """forward_response against a slow full-logits reference on tiny random Llama / Qwen2 models."""
+
 from __future__ import annotations
 
 import pytest
@@ -46,9 +47,12 @@ def _batch(seed: int, padding: str) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 def _naive(model, input_ids, attention_mask, response_mask, temperature):
     """Full [B, T, V] logits, then a Python loop over response positions."""
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
-    ).logits.float() / temperature
+    logits = (
+        model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+        ).logits.float()
+        / temperature
+    )
     logp_full = torch.log_softmax(logits, dim=-1)
     logprobs = torch.zeros(input_ids.shape)
     entropy = torch.zeros(input_ids.shape)

@@ -1,4 +1,5 @@
 """pipeline.algorithm.losses: closed forms, slow per-token references, gradient signs, aggregation."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,9 +25,9 @@ from pipeline.algorithm.metrics import Reduce, reduce_micro_batches
 
 def X(lp, mask, n, *, prox=None, **kw) -> LossInputs:
     """The aux losses' typed input; the proximal log-probs default to the current ones."""
-    return LossInputs(logprobs=lp, mask=mask, n_tokens_total=n,
-                      proximal_logprobs=lp.detach() if prox is None else prox, **kw)
-
+    return LossInputs(
+        logprobs=lp, mask=mask, n_tokens_total=n, proximal_logprobs=lp.detach() if prox is None else prox, **kw
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +113,10 @@ def test_micro_batch_losses_and_gradients_sum_to_the_full_batch_values():
     for key in ("clip_fraction", "approx_kl_k3", "ratio_mean", "ratio_max", "ratio_min"):
         assert merged[key].value.item() == pytest.approx(full_metrics[key].value.item(), abs=1e-12), key
     assert (merged["ratio_max"].reduce, merged["ratio_min"].reduce, merged["ratio_mean"].reduce) == (
-        Reduce.MAX, Reduce.MIN, Reduce.MEAN)  # each metric carries its reduction, not its name
+        Reduce.MAX,
+        Reduce.MIN,
+        Reduce.MEAN,
+    )  # each metric carries its reduction, not its name
 
 
 # ----- PPO clip and dual clip ---------------------------------------------------------------------
@@ -222,8 +226,9 @@ def test_decoupled_ratio_is_against_proximal_and_weight_truncated_at_the_cap():
     old = torch.tensor([[-2.0, -0.1]])
     prox = torch.tensor([[0.0, 0.0]])
     adv = torch.tensor([[1.0, 1.0]])
-    loss, m = policy_loss(lp, old, adv, torch.ones(1, 2), 2, correction="decoupled", proximal_logprobs=prox,
-                          behaviour_cap=2.0)
+    loss, m = policy_loss(
+        lp, old, adv, torch.ones(1, 2), 2, correction="decoupled", proximal_logprobs=prox, behaviour_cap=2.0
+    )
     w = [2.0, math.exp(0.1)]  # exp(2) truncated to the cap; exp(0.1) kept
     assert loss.item() == pytest.approx(-(w[0] + w[1]) / 2)
     loss.backward()
@@ -236,8 +241,15 @@ def test_decoupled_ratio_is_against_proximal_and_weight_truncated_at_the_cap():
 def test_decoupled_weight_carries_no_gradient_into_the_proximal_log_probs():
     prox = torch.tensor([[-0.5]], requires_grad=True)
     lp = torch.tensor([[-0.4]], requires_grad=True)
-    loss, _ = policy_loss(lp, torch.tensor([[-0.7]]), torch.tensor([[1.0]]), torch.ones(1, 1), 1,
-                          correction="decoupled", proximal_logprobs=prox)
+    loss, _ = policy_loss(
+        lp,
+        torch.tensor([[-0.7]]),
+        torch.tensor([[1.0]]),
+        torch.ones(1, 1),
+        1,
+        correction="decoupled",
+        proximal_logprobs=prox,
+    )
     loss.backward()
     assert prox.grad is None and lp.grad is not None
 
@@ -331,8 +343,9 @@ def test_gated_surrogate_value_and_gradient_match_the_closed_form():
 def test_gated_surrogate_without_a_gate_weighs_every_token_one_and_respects_distill_mask():
     teacher = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     lp = torch.tensor([[-1.5, -1.0]], requires_grad=True)
-    loss, m = gated_surrogate(X(lp, torch.ones(1, 2), 2, teacher_logprobs=teacher,
-                                distill_mask=torch.tensor([[0.0, 1.0]])))
+    loss, m = gated_surrogate(
+        X(lp, torch.ones(1, 2), 2, teacher_logprobs=teacher, distill_mask=torch.tensor([[0.0, 1.0]]))
+    )
     loss.backward()
     assert teacher.grad is None and "gate_mean" not in m
     assert lp.grad[0].tolist() == pytest.approx([0.0, -1.0 / 2])
@@ -407,7 +420,9 @@ def _tg_case(seed: int):
 def test_full_kl_equals_a_direct_sum_p_log_p_over_q_on_selected_tokens_over_all_tokens(seed):
     mask, distill, student, teacher = _tg_case(seed)
     n_all = 11.0  # all valid response tokens of the mini-batch, larger than this micro-batch
-    loss, m = full_kl(X(torch.zeros(2, 4), mask, n_all, distill_mask=distill, student_logits=student, teacher_logits=teacher))
+    loss, m = full_kl(
+        X(torch.zeros(2, 4), mask, n_all, distill_mask=distill, student_logits=student, teacher_logits=teacher)
+    )
     selected = distill[mask > 0].bool()  # rows of the logits, in mask.nonzero() order
     direct = 0.0
     for i in range(student.shape[0]):
@@ -423,7 +438,9 @@ def test_full_kl_equals_a_direct_sum_p_log_p_over_q_on_selected_tokens_over_all_
 
 def test_full_kl_has_zero_gradient_into_the_teacher_and_none_on_unselected_rows():
     mask, distill, student, teacher = _tg_case(0)
-    loss, _ = full_kl(X(torch.zeros(2, 4), mask, 6, distill_mask=distill, student_logits=student, teacher_logits=teacher))
+    loss, _ = full_kl(
+        X(torch.zeros(2, 4), mask, 6, distill_mask=distill, student_logits=student, teacher_logits=teacher)
+    )
     loss.backward()
     assert teacher.grad is None
     selected = distill[mask > 0].bool()
@@ -441,14 +458,25 @@ def test_full_kl_is_normalised_by_all_tokens_not_by_the_failed_turn_tokens():
 
 def test_full_kl_is_zero_when_the_teacher_logits_equal_the_student_logits():
     mask, distill, student, _ = _tg_case(2)
-    loss, _ = full_kl(X(torch.zeros(2, 4), mask, 6, distill_mask=distill, student_logits=student, teacher_logits=student.detach().clone()))
+    loss, _ = full_kl(
+        X(
+            torch.zeros(2, 4),
+            mask,
+            6,
+            distill_mask=distill,
+            student_logits=student,
+            teacher_logits=student.detach().clone(),
+        )
+    )
     assert loss.item() == pytest.approx(0.0, abs=1e-12)
 
 
 def test_full_kl_rejects_logits_that_do_not_cover_the_response_tokens():
     mask, distill, student, teacher = _tg_case(0)
     with pytest.raises(ValueError, match="response tokens"):
-        full_kl(X(torch.zeros(2, 4), mask, 6, distill_mask=distill, student_logits=student[:3], teacher_logits=teacher[:3]))
+        full_kl(
+            X(torch.zeros(2, 4), mask, 6, distill_mask=distill, student_logits=student[:3], teacher_logits=teacher[:3])
+        )
 
 
 # ----- registry -----------------------------------------------------------------------------------
@@ -458,8 +486,15 @@ def test_aux_registry_names_the_distillation_kinds_and_nll_with_one_typed_input(
     assert set(AUX_LOSSES) == {"gated_surrogate", "k3_is", "full_kl", "nll"}
     lp = torch.tensor([[-1.0, -2.0]])
     logits = torch.zeros(2, 3)
-    x = X(lp, torch.ones(1, 2), 2, teacher_logprobs=lp - 0.1, input_ids=torch.tensor([[0, 1]]),
-          student_logits=logits, teacher_logits=logits)
+    x = X(
+        lp,
+        torch.ones(1, 2),
+        2,
+        teacher_logprobs=lp - 0.1,
+        input_ids=torch.tensor([[0, 1]]),
+        student_logits=logits,
+        teacher_logits=logits,
+    )
     for kind, fn in AUX_LOSSES.items():
         loss, metrics = fn(x)
         assert loss.dim() == 0 and "loss" in metrics, kind
@@ -474,7 +509,9 @@ def test_k3_is_with_a_gate_weighs_each_token_by_sdars_gate():
     ell = lp.detach() - teacher
     k3 = torch.exp(-ell) - 1 + ell
     g = torch.sigmoid(5.0 * (teacher - lp.detach()))
-    assert gated.item() == pytest.approx(float((g * k3).sum()) / 2) and plain.item() == pytest.approx(float(k3.sum()) / 2)
+    assert gated.item() == pytest.approx(float((g * k3).sum()) / 2) and plain.item() == pytest.approx(
+        float(k3.sum()) / 2
+    )
     assert m["gate_mean"].value.item() == pytest.approx(float(g.mean()))
 
 

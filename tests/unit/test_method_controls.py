@@ -1,10 +1,11 @@
 """The method comparison's controls on hand-built groups: the null baseline (a fixed negative
 advantage) and the equal-information baseline (NLL on the hinted expert's demonstrations)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-from method_groups import build, episode, group, scored_groups, turn, unscored
+from method_groups import build, episode, scored_groups, turn, unscored
 
 from pipeline.algorithm.losses import LossInputs, nll, policy_loss
 from pipeline.orchestration.batches import build_train_batch, minibatch_bounds, rows_of
@@ -46,9 +47,9 @@ def test_imitation_trains_only_the_demonstrations_by_nll_and_keeps_them_out_of_t
     assert len(rows) == n_policy + 2 and len(credit.advantages) == len(rows)
     # group a's rows, then its 2 demonstration rows, then group b's: the statistics are GRPO's
     a_rows = len(groups[0].rows())
-    policy_adv = credit.advantages[:a_rows] + credit.advantages[a_rows + 2:]
+    policy_adv = credit.advantages[:a_rows] + credit.advantages[a_rows + 2 :]
     assert policy_adv == grpo.advantages
-    assert credit.advantages[a_rows:a_rows + 2] == [[0.0] * 3, [0.0]]
+    assert credit.advantages[a_rows : a_rows + 2] == [[0.0] * 3, [0.0]]
     pmask, dmask = credit.aux["policy_mask"], credit.aux["distill_mask"]
     assert [row[0] for row in pmask] == [1.0] * a_rows + [0.0, 0.0] + [1.0] * (n_policy - a_rows)
     assert [[1.0 - x for x in row] for row in pmask] == dmask
@@ -65,8 +66,13 @@ def test_imitation_term_is_lam_times_the_mean_nll_per_demonstration_token_and_po
     batch = build_train_batch(rows_of(groups), credit, pad_id=0, default_entropy_coef=0.0)
     lp = torch.full_like(batch.response_mask, -2.0) * batch.response_mask
     n_all = batch.response_mask.sum()
-    x = LossInputs(logprobs=lp, mask=batch.response_mask, n_tokens_total=n_all, proximal_logprobs=lp,
-                   distill_mask=batch.aux["distill_mask"])
+    x = LossInputs(
+        logprobs=lp,
+        mask=batch.response_mask,
+        n_tokens_total=n_all,
+        proximal_logprobs=lp,
+        distill_mask=batch.aux["distill_mask"],
+    )
     loss, _ = nll(x)
     assert credit.aux_terms[0].coef * loss.item() == pytest.approx(0.5 * 2.0)  # lam x mean NLL (2.0)
     # the learner's policy term over the policy mask: the demonstrations' behaviour log-probs (0,
@@ -75,8 +81,13 @@ def test_imitation_term_is_lam_times_the_mean_nll_per_demonstration_token_and_po
     n_policy = pmask.sum()
     pg, _ = policy_loss(lp, batch.behaviour_logprobs, batch.advantages, pmask, n_policy)
     keep = batch.aux["policy_mask"][:, :].amax(dim=1) > 0
-    pg_plain, _ = policy_loss(lp[keep], batch.behaviour_logprobs[keep], batch.advantages[keep],
-                              batch.response_mask[keep], batch.response_mask[keep].sum())
+    pg_plain, _ = policy_loss(
+        lp[keep],
+        batch.behaviour_logprobs[keep],
+        batch.advantages[keep],
+        batch.response_mask[keep],
+        batch.response_mask[keep].sum(),
+    )
     assert pg.item() == pytest.approx(pg_plain.item())
 
 

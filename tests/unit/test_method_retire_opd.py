@@ -1,5 +1,6 @@
 """retire_opd: OPD credit, retirement on a constructed K / success-rate sequence, checkpointing,
 and the two-phase hooks."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,12 +13,18 @@ from pipeline.methods.parts.teacher import TEACHER_META, read_teacher_success_ra
 
 def groups_with_alignment(k: float):
     """Two groups whose rows all have lp_old - lpT = k (the engine's view: K_n is the learner's)."""
+
     def t(index, old):
         return turn(index, old, lpt=[o - k for o in old])
 
     return [
-        group("a", [episode([t(0, [-1.0, -0.5]), t(1, [-0.2])], reward=10.0, won=True),
-                    episode([t(0, [-0.3, -0.9, -0.1])], reward=0.0)]),
+        group(
+            "a",
+            [
+                episode([t(0, [-1.0, -0.5]), t(1, [-0.2])], reward=10.0, won=True),
+                episode([t(0, [-0.3, -0.9, -0.1])], reward=0.0),
+            ],
+        ),
         group("b", [episode([t(0, [-0.6])], reward=0.0), episode([t(0, [-0.4, -0.4])], reward=10.0, won=True)]),
     ]
 
@@ -68,7 +75,6 @@ def test_k_n_is_the_learners_alignment_metric_not_the_engines_logprobs():
     out = m.after_train_step(0, {"opd/alignment": 0.4, "opd/loss": 0.1})  # the learner measured 0.4
     assert out["opd/K"] == pytest.approx(0.4) and out["opd/retired"] == 0.0
     assert m.controller.pending == [0.4]
-
 
 
 def test_teacher_is_asked_for_until_retirement_and_never_after():

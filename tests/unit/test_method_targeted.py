@@ -1,5 +1,6 @@
 """targeted_guidance: per-row feedback, failed-turn masks, teacher prompts, the criteria reward and
 its ablations, both KL estimators."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,12 @@ from pipeline.core.types import CriterionResult
 
 
 def crit(name: str, passed: bool, failing_turn: int | None = None, feedback: str | None = None):
-    return CriterionResult(criterion=name, passed=passed, failing_turn=failing_turn,
-                           feedback=f"fix {name}" if feedback is None else feedback)
+    return CriterionResult(
+        criterion=name,
+        passed=passed,
+        failing_turn=failing_turn,
+        feedback=f"fix {name}" if feedback is None else feedback,
+    )
 
 
 class FakeFeedbackPrompts:
@@ -34,18 +39,31 @@ class FakeFeedbackPrompts:
 def tg_groups():
     """Group a: ep0 won, all pass; ep1 fails "tests" at turn 1 and "style" at turn 1, passes "format";
     ep2 fails "format" at turn 0. Group b: ep0 fails "tests" at turn 0; ep1 passes everything."""
-    g1 = group("a", [
-        episode([turn(0, [-1.0, -1.0]), turn(1, [-1.0, -1.0, -1.0])], won=True,
-                criteria=[crit("tests", True), crit("style", True), crit("format", True)]),
-        episode([turn(0, [-1.0, -1.0]), turn(1, [-1.0, -1.0, -1.0, -1.0], thinking_len=3)],
-                criteria=[crit("tests", False, 1), crit("style", False, 1, "be brief"), crit("format", True)]),
-        episode([turn(0, [-1.0, -1.0, -1.0], thinking_len=1), turn(1, [-1.0])],
-                criteria=[crit("tests", True), crit("style", True), crit("format", False, 0)]),
-    ])
-    g2 = group("b", [
-        episode([turn(0, [-1.0, -1.0]), turn(1, [-1.0])], criteria=[crit("tests", False, 0), crit("style", True)]),
-        episode([turn(0, [-1.0])], criteria=[crit("tests", True), crit("style", True)]),
-    ])
+    g1 = group(
+        "a",
+        [
+            episode(
+                [turn(0, [-1.0, -1.0]), turn(1, [-1.0, -1.0, -1.0])],
+                won=True,
+                criteria=[crit("tests", True), crit("style", True), crit("format", True)],
+            ),
+            episode(
+                [turn(0, [-1.0, -1.0]), turn(1, [-1.0, -1.0, -1.0, -1.0], thinking_len=3)],
+                criteria=[crit("tests", False, 1), crit("style", False, 1, "be brief"), crit("format", True)],
+            ),
+            episode(
+                [turn(0, [-1.0, -1.0, -1.0], thinking_len=1), turn(1, [-1.0])],
+                criteria=[crit("tests", True), crit("style", True), crit("format", False, 0)],
+            ),
+        ],
+    )
+    g2 = group(
+        "b",
+        [
+            episode([turn(0, [-1.0, -1.0]), turn(1, [-1.0])], criteria=[crit("tests", False, 0), crit("style", True)]),
+            episode([turn(0, [-1.0])], criteria=[crit("tests", True), crit("style", True)]),
+        ],
+    )
     return [g1, g2]
 
 
@@ -65,8 +83,9 @@ def test_turn_feedback_lists_the_criteria_failing_at_that_turn_in_order():
 
 
 def test_turn_feedback_always_on_gives_every_failed_criterion_on_every_row():
-    ep = episode([turn(0, [-1.0]), turn(1, [-1.0])],
-                 criteria=[crit("a", False, 1), crit("b", True), crit("c", False, None)])
+    ep = episode(
+        [turn(0, [-1.0]), turn(1, [-1.0])], criteria=[crit("a", False, 1), crit("b", True), crit("c", False, None)]
+    )
     assert turn_feedback(ep, 0, always_on=True) == ["fix a", "fix c"]
     assert turn_feedback(ep, 1, always_on=True) == ["fix a", "fix c"]
     assert turn_feedback(ep, 0) == []
@@ -84,10 +103,14 @@ def test_full_estimator_masks_only_failed_turn_rows():
     credit = full_method().credit(tg_groups(), 0)
     # rows: a/ep0 t0,t1 | a/ep1 t0,t1 | a/ep2 t0,t1 | b/ep0 t0,t1 | b/ep1 t0
     assert credit.aux["distill_mask"] == [
-        [0, 0], [0, 0, 0],
-        [0, 0], [1, 1, 1, 1],
-        [1, 1, 1], [0],
-        [1, 1], [0],
+        [0, 0],
+        [0, 0, 0],
+        [0, 0],
+        [1, 1, 1, 1],
+        [1, 1, 1],
+        [0],
+        [1, 1],
+        [0],
         [0],
     ]
     [term] = credit.aux_terms
@@ -195,6 +218,5 @@ def test_sampled_estimator_fills_unscored_rows_with_zero_and_masks_them():
     assert (term.name, term.kind, term.coef) == ("tg", "k3_is", 0.1)
     assert credit.aux["teacher_logprobs"][3] == [-0.5, -0.6, -0.7, -0.8]
     assert credit.aux["teacher_logprobs"][4] == [0.0, 0.0, 0.0]
-    assert [any(m) for m in credit.aux["distill_mask"]] == [False, False, False, True, False, False, True, False,
-                                                            False]
+    assert [any(m) for m in credit.aux["distill_mask"]] == [False, False, False, True, False, False, True, False, False]
     assert credit.teacher_prompt_ids is None

@@ -1,6 +1,7 @@
 """The method registry, the conf/method presets (methods from parts), and the credit of the
 GRPO-family and skill-teacher methods (gigpo, skill_grpo, sdar, opsd, grpo_opsd, skill_sd, adrs) on
 hand-built groups."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,13 +13,23 @@ import torch
 from method_groups import PENALTY, build, scored_groups, unscored
 
 from pipeline.algorithm.advantages import adrs_advantages, gigpo_advantages, grpo_advantages, rows_from_groups
-from pipeline.orchestration.batches import build_train_batch, rows_of
 from pipeline.algorithm.losses import AUX_LOSSES, AUX_NEEDS_LOGITS, LossInputs
 from pipeline.methods import available_methods, build_method, load_preset
+from pipeline.orchestration.batches import build_train_batch, rows_of
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "method"
-PAPERS = ["grpo", "gigpo", "skill_grpo", "sdar", "opsd", "grpo_opsd", "skill_sd", "retire_opd", "adrs",
-          "targeted_guidance"]
+PAPERS = [
+    "grpo",
+    "gigpo",
+    "skill_grpo",
+    "sdar",
+    "opsd",
+    "grpo_opsd",
+    "skill_sd",
+    "retire_opd",
+    "adrs",
+    "targeted_guidance",
+]
 COMBINATIONS = ["gated_retire_opd", "retiring_targeted_guidance", "sdar_hints", "hint_distill"]  # YAML only, no paper
 CONTROLS = ["null_baseline", "hint_imitation"]  # the method comparison's controls (docs/methods.md)
 ALL = PAPERS + COMBINATIONS + CONTROLS
@@ -81,31 +92,34 @@ def test_paper_values_are_reachable_by_hydra_overrides():
     assert (retire.opts.gamma, retire.opts.delta) == (0.85, -0.05)
 
 
-@pytest.mark.parametrize("raw, fragment", [
-    ({"name": "sdar", "beta": -1.0}, "method.beta=-1.0 must be"),
-    ({"name": "sdar", "lam": "big"}, "method.lam='big' should be of type float"),
-    ({"name": "sdar", "placement": "footer"}, "method.placement='footer'; choose one of"),
-    ({"name": "skill_grpo", "skill_mode": "embedding"}, "method.skill_mode='embedding'; choose one of"),
-    ({"name": "skill_grpo", "skill_top_k": 0}, "method.skill_top_k=0 must be >= 1"),
-    ({"name": "gigpo", "gamma": 1.5}, "method.gamma=1.5 must be in [0, 1]"),
-    ({"name": "gigpo", "similarity_threshold": 1.0}, "method.similarity_threshold=1.0 must be in (0, 1)"),
-    ({"name": "grpo_opsd", "beta": 5.0}, "has no option(s) ['beta']"),
-    ({"name": "skill_sd", "lam": -0.1}, "method.lam=-0.1 must be >= 0"),
-    ({"name": "adrs", "level": "L1"}, "method.level='L1'; choose one of ['L2', 'L3']"),
-    ({"name": "adrs", "tva_apply": "before"}, "method.tva_apply='before'"),
-    ({"name": "adrs", "T": 0.0}, "method.T=0.0 must be > 0"),
-    ({"name": "adrs", "active_steps": 0}, "method.active_steps=0 must be >= 1"),
-    ({"name": "retire_opd", "window": 0}, "method.window=0 must be >= 1"),
-    ({"name": "retire_opd", "teacher_success_rate": 1.5}, "method.teacher_success_rate=1.5 must be in [0, 1]"),
-    ({"name": "retire_opd", "gamma": 0.0}, "method.gamma=0.0 must be > 0"),
-    ({"name": "retire_opd", "window": 2.5}, "method.window=2.5 should be of type int"),
-    ({"name": "targeted_guidance", "estimator": "exact"}, "method.estimator='exact'; choose one of"),
-    ({"name": "adrs", "level": "L3"}, "method.level=L3 shapes a gigpo advantage; set method.parts.advantage=gigpo"),
-    ({"name": "sdar", "parts": {"signal": "magic"}}, "parts.signal='magic'; choose one of"),
-    ({"name": "targeted_guidance", "parts": {"teacher": "frozen"}}, "full_kl runs the teacher in the learner"),
-    ({"name": "targeted_guidance", "criterion_weights": {"tests": -1}}, "criterion_weights {'tests': -1}"),
-    ({"name": "nope"}, "method='nope' is unknown"),
-])
+@pytest.mark.parametrize(
+    "raw, fragment",
+    [
+        ({"name": "sdar", "beta": -1.0}, "method.beta=-1.0 must be"),
+        ({"name": "sdar", "lam": "big"}, "method.lam='big' should be of type float"),
+        ({"name": "sdar", "placement": "footer"}, "method.placement='footer'; choose one of"),
+        ({"name": "skill_grpo", "skill_mode": "embedding"}, "method.skill_mode='embedding'; choose one of"),
+        ({"name": "skill_grpo", "skill_top_k": 0}, "method.skill_top_k=0 must be >= 1"),
+        ({"name": "gigpo", "gamma": 1.5}, "method.gamma=1.5 must be in [0, 1]"),
+        ({"name": "gigpo", "similarity_threshold": 1.0}, "method.similarity_threshold=1.0 must be in (0, 1)"),
+        ({"name": "grpo_opsd", "beta": 5.0}, "has no option(s) ['beta']"),
+        ({"name": "skill_sd", "lam": -0.1}, "method.lam=-0.1 must be >= 0"),
+        ({"name": "adrs", "level": "L1"}, "method.level='L1'; choose one of ['L2', 'L3']"),
+        ({"name": "adrs", "tva_apply": "before"}, "method.tva_apply='before'"),
+        ({"name": "adrs", "T": 0.0}, "method.T=0.0 must be > 0"),
+        ({"name": "adrs", "active_steps": 0}, "method.active_steps=0 must be >= 1"),
+        ({"name": "retire_opd", "window": 0}, "method.window=0 must be >= 1"),
+        ({"name": "retire_opd", "teacher_success_rate": 1.5}, "method.teacher_success_rate=1.5 must be in [0, 1]"),
+        ({"name": "retire_opd", "gamma": 0.0}, "method.gamma=0.0 must be > 0"),
+        ({"name": "retire_opd", "window": 2.5}, "method.window=2.5 should be of type int"),
+        ({"name": "targeted_guidance", "estimator": "exact"}, "method.estimator='exact'; choose one of"),
+        ({"name": "adrs", "level": "L3"}, "method.level=L3 shapes a gigpo advantage; set method.parts.advantage=gigpo"),
+        ({"name": "sdar", "parts": {"signal": "magic"}}, "parts.signal='magic'; choose one of"),
+        ({"name": "targeted_guidance", "parts": {"teacher": "frozen"}}, "full_kl runs the teacher in the learner"),
+        ({"name": "targeted_guidance", "criterion_weights": {"tests": -1}}, "criterion_weights {'tests': -1}"),
+        ({"name": "nope"}, "method='nope' is unknown"),
+    ],
+)
 def test_bad_options_raise_a_message_naming_the_option(raw, fragment):
     with pytest.raises(ValueError) as err:
         build_method(raw, invalid_action_penalty=PENALTY)
@@ -123,8 +137,9 @@ def test_every_method_credit_fits_the_train_batch_builder(name):
 
     groups = scored_groups()
     groups[0].episodes[1].criteria = [_failed("format", 1)]
-    options = ({"teacher_path": "/teacher", "teacher_success_rate": 0.5}
-               if name in ("retire_opd", "gated_retire_opd") else {})
+    options = (
+        {"teacher_path": "/teacher", "teacher_success_rate": 0.5} if name in ("retire_opd", "gated_retire_opd") else {}
+    )
     method = build(name, **options)
     method.attach(FakePrompts())
     step = 30  # inside ADRS's shaping window
@@ -132,8 +147,7 @@ def test_every_method_credit_fits_the_train_batch_builder(name):
     credit = method.credit(groups, step)
     batch = build_train_batch(rows_of(groups), credit, pad_id=0, default_entropy_coef=0.001)
     assert batch.advantages.shape == batch.input_ids.shape
-    needs = {"gated_surrogate": {"teacher_logprobs"}, "k3_is": {"teacher_logprobs"},
-             "full_kl": {"distill_mask"}}
+    needs = {"gated_surrogate": {"teacher_logprobs"}, "k3_is": {"teacher_logprobs"}, "full_kl": {"distill_mask"}}
     for term in batch.aux_terms:
         assert needs[term.kind] <= set(batch.aux), (name, term.kind)
         assert term.kind != "full_kl" or batch.teacher_input_ids is not None
@@ -145,9 +159,15 @@ def test_every_method_credit_fits_the_train_batch_builder(name):
 def _inputs(batch, grad: bool = False) -> LossInputs:
     """The loss input as the learner fills it, with the current log-probs = the behaviour ones."""
     lp = batch.behaviour_logprobs.clone().requires_grad_(grad)
-    return LossInputs(logprobs=lp, mask=batch.response_mask, n_tokens_total=batch.n_tokens,
-                      proximal_logprobs=batch.behaviour_logprobs, input_ids=batch.input_ids,
-                      teacher_logprobs=batch.aux.get("teacher_logprobs"), distill_mask=batch.aux.get("distill_mask"))
+    return LossInputs(
+        logprobs=lp,
+        mask=batch.response_mask,
+        n_tokens_total=batch.n_tokens,
+        proximal_logprobs=batch.behaviour_logprobs,
+        input_ids=batch.input_ids,
+        teacher_logprobs=batch.aux.get("teacher_logprobs"),
+        distill_mask=batch.aux.get("distill_mask"),
+    )
 
 
 def _failed(criterion: str, turn: int):
@@ -178,8 +198,12 @@ def test_gigpo_adds_the_weighted_anchor_step_advantage_to_each_row():
 def test_skill_grpo_gives_the_student_its_retrieval_options_and_plain_grpo_credit():
     method = build("skill_grpo", skill_mode="ucb", skill_top_k=3)
     assert method.skills_for_student() == {"bank": "alfworld", "mode": "ucb", "top_k": 3, "placement": "user"}
-    assert build("skill_grpo").skills_for_student() == {"bank": "alfworld", "mode": "keyword", "top_k": 6,
-                                                        "placement": "user"}
+    assert build("skill_grpo").skills_for_student() == {
+        "bank": "alfworld",
+        "mode": "keyword",
+        "top_k": 6,
+        "placement": "user",
+    }
     assert method.teacher_spec() is None
     groups = unscored(scored_groups())
     credit = method.credit(groups, 0)
@@ -189,10 +213,17 @@ def test_skill_grpo_gives_the_student_its_retrieval_options_and_plain_grpo_credi
         assert build(name).skills_for_student() is None, name
 
 
-@pytest.mark.parametrize("name, source, placement", [
-    ("sdar", "self", "raw_prefix"), ("opsd", "self", "raw_prefix"), ("grpo_opsd", "self", "raw_prefix"),
-    ("skill_sd", "self", "raw_prefix"), ("adrs", "self", "raw_prefix"), ("retire_opd", "frozen", "user"),
-])
+@pytest.mark.parametrize(
+    "name, source, placement",
+    [
+        ("sdar", "self", "raw_prefix"),
+        ("opsd", "self", "raw_prefix"),
+        ("grpo_opsd", "self", "raw_prefix"),
+        ("skill_sd", "self", "raw_prefix"),
+        ("adrs", "self", "raw_prefix"),
+        ("retire_opd", "frozen", "user"),
+    ],
+)
 def test_skill_teacher_methods_ask_for_a_skills_teacher_with_their_retrieval_options(name, source, placement):
     method = build(name, skill_mode="random")
     spec = method.teacher_spec()
@@ -304,15 +335,34 @@ def test_adrs_outside_the_window_is_the_base_advantage_without_a_teacher():
 @pytest.mark.parametrize("level, tva_apply", [("L2", "paper"), ("L2", "after_whitening"), ("L3", "paper")])
 def test_adrs_inside_the_window_shapes_per_token_advantages(level, tva_apply):
     groups = scored_groups()
-    method = build("adrs", level=level, tva_apply=tva_apply, std_mode="global", tau=1.0, clip=0.5,
-                   parts={"advantage": "gigpo" if level == "L3" else "grpo"})
+    method = build(
+        "adrs",
+        level=level,
+        tva_apply=tva_apply,
+        std_mode="global",
+        tau=1.0,
+        clip=0.5,
+        parts={"advantage": "gigpo" if level == "L3" else "grpo"},
+    )
     credit = method.credit(groups, 40)
     rows = rows_from_groups(groups)
-    base = (gigpo_advantages(rows, invalid_penalty=PENALTY) if level == "L3"
-            else grpo_advantages(rows, invalid_penalty=PENALTY))
-    want, m = adrs_advantages(rows, [r.teacher_logprobs for r in rows_of(groups)], base, eta_s=0.02, level=level,
-                              tva_apply=tva_apply, std_mode="global", tau=1.0, clip=0.5,
-                              invalid_penalty=PENALTY)
+    base = (
+        gigpo_advantages(rows, invalid_penalty=PENALTY)
+        if level == "L3"
+        else grpo_advantages(rows, invalid_penalty=PENALTY)
+    )
+    want, m = adrs_advantages(
+        rows,
+        [r.teacher_logprobs for r in rows_of(groups)],
+        base,
+        eta_s=0.02,
+        level=level,
+        tva_apply=tva_apply,
+        std_mode="global",
+        tau=1.0,
+        clip=0.5,
+        invalid_penalty=PENALTY,
+    )
     assert_nested_close(credit.advantages, [t.tolist() for t in want])
     assert credit.advantages[0][0] != pytest.approx(credit.advantages[0][1], abs=1e-9)  # per token, not per row
     for key in ("adrs/tva_mean", "adrs/gate_mean", "adrs/shaping_abs_mean", "adrs/clip_fraction"):

@@ -1,4 +1,5 @@
 """Micro-batching and data-parallel sharding of a TrainBatch."""
+
 import pickle
 
 import torch
@@ -16,10 +17,16 @@ def batch_of(lengths: list[int], width: int | None = None) -> TrainBatch:
     for i, n in enumerate(lengths):
         ids[i, :n] = torch.arange(1, n + 1)
         attn[i, :n] = 1
-        resp[i, n // 2:n] = 1
-    return TrainBatch(input_ids=ids, attention_mask=attn, response_mask=resp,
-                      behaviour_logprobs=torch.zeros(len(lengths), width), advantages=torch.ones(len(lengths), width),
-                      aux={"teacher_logprobs": torch.zeros(len(lengths), width)}, versions=list(range(len(lengths))))
+        resp[i, n // 2 : n] = 1
+    return TrainBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        response_mask=resp,
+        behaviour_logprobs=torch.zeros(len(lengths), width),
+        advantages=torch.ones(len(lengths), width),
+        aux={"teacher_logprobs": torch.zeros(len(lengths), width)},
+        versions=list(range(len(lengths))),
+    )
 
 
 def test_each_data_parallel_shard_pickles_only_its_own_rows():
@@ -29,7 +36,7 @@ def test_each_data_parallel_shard_pickles_only_its_own_rows():
     assert [s.n_rows for s in shards] == [2, 2, 2, 2]
     for shard in shards:
         assert len(pickle.dumps(shard)) < 0.3 * whole  # a quarter of the rows, not the whole storage
-        assert torch.equal(shard.input_ids, batch.input_ids[shard.versions[0]:shard.versions[-1] + 1])
+        assert torch.equal(shard.input_ids, batch.input_ids[shard.versions[0] : shard.versions[-1] + 1])
 
 
 def test_slices_are_views_unless_copied():

@@ -1,4 +1,5 @@
 """pipeline.models: tiny builds, resolution errors, SmolLM2 sourcing errors, loaders."""
+
 from __future__ import annotations
 
 import json

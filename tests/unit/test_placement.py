@@ -3,18 +3,26 @@
 The plan is pure: bundles and per-actor resources from the config, or a ConfigError naming what to
 change. Nothing here starts Ray (the integration test test_placement_local.py does).
 """
+
 from __future__ import annotations
 
 import pytest
 
-from pipeline.tools.cli import compose
 from pipeline.core.config import ConfigError, PrivyConfig
-from pipeline.distributed.placement import (ActorPlacement, Placement, PlacementError, check_gpus,
-                                check_launch_gpus, plan_placement)
+from pipeline.distributed.placement import (
+    ActorPlacement,
+    Placement,
+    PlacementError,
+    check_gpus,
+    check_launch_gpus,
+    plan_placement,
+)
+from pipeline.tools.cli import compose
 
 
-def _cfg(placement="pack", colocate=False, m=2, n=2, lc=1.0, lg=0.0, rc=1.0, rg=0.0, scorer_gpus=0.0,
-         engine="hf", tp=1) -> PrivyConfig:
+def _cfg(
+    placement="pack", colocate=False, m=2, n=2, lc=1.0, lg=0.0, rc=1.0, rg=0.0, scorer_gpus=0.0, engine="hf", tp=1
+) -> PrivyConfig:
     cfg = PrivyConfig()
     cfg.cluster.placement, cfg.cluster.colocate, cfg.scorer.num_gpus = placement, colocate, scorer_gpus
     cfg.learner.num_learners, cfg.learner.num_cpus, cfg.learner.num_gpus = m, lc, lg
@@ -73,8 +81,7 @@ def test_scorer_gets_a_bundle_only_when_it_asks_for_gpus():
 
 
 def test_placement_none_makes_no_group_and_keeps_the_actors_own_requests():
-    plan = plan_placement(_cfg(placement="none", m=1, n=2, lg=1, rg=1, engine="vllm", scorer_gpus=1),
-                          with_scorer=True)
+    plan = plan_placement(_cfg(placement="none", m=1, n=2, lg=1, rg=1, engine="vllm", scorer_gpus=1), with_scorer=True)
     assert plan.strategy is None and plan.bundles == []
     assert all(a.bundle is None for a in [*plan.learners, *plan.rollouts, plan.scorer])
     assert plan.gpus == 4
@@ -84,18 +91,21 @@ def test_placement_none_makes_no_group_and_keeps_the_actors_own_requests():
 
 
 # ----- errors --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kw, needle", [
-    (dict(colocate=True, m=2, n=3), "learner.num_learners = rollout.num_workers"),
-    (dict(colocate=True, lg=0.75, rg=0.5), "learner.num_gpus + rollout.num_gpus = 0.75 + 0.5 > 1"),
-    (dict(colocate=True, lg=0.5, rg=0.5, engine="vllm", tp=2), "tensor_parallel_size=2"),
-    (dict(lg=2), "learner.num_gpus=2: a learner rank drives one GPU"),
-    (dict(lg=0.5, m=2), "Duplicate GPU detected"),
-    (dict(engine="vllm", rg=1, tp=2), "rollout.num_gpus=1 but rollout.vllm.tensor_parallel_size=2"),
-    (dict(engine="vllm", rg=0.5, tp=2), "needs 2 whole GPUs per engine"),
-    (dict(lc=0, lg=0), "a learner rank asks for no CPU and no GPU"),
-    (dict(rc=0, rg=0), "a rollout engine asks for no CPU and no GPU"),
-    (dict(colocate=True, lc=0, rc=0), "a colocated learner + rollout pair asks for no CPU"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        (dict(colocate=True, m=2, n=3), "learner.num_learners = rollout.num_workers"),
+        (dict(colocate=True, lg=0.75, rg=0.5), "learner.num_gpus + rollout.num_gpus = 0.75 + 0.5 > 1"),
+        (dict(colocate=True, lg=0.5, rg=0.5, engine="vllm", tp=2), "tensor_parallel_size=2"),
+        (dict(lg=2), "learner.num_gpus=2: a learner rank drives one GPU"),
+        (dict(lg=0.5, m=2), "Duplicate GPU detected"),
+        (dict(engine="vllm", rg=1, tp=2), "rollout.num_gpus=1 but rollout.vllm.tensor_parallel_size=2"),
+        (dict(engine="vllm", rg=0.5, tp=2), "needs 2 whole GPUs per engine"),
+        (dict(lc=0, lg=0), "a learner rank asks for no CPU and no GPU"),
+        (dict(rc=0, rg=0), "a rollout engine asks for no CPU and no GPU"),
+        (dict(colocate=True, lc=0, rc=0), "a colocated learner + rollout pair asks for no CPU"),
+    ],
+)
 def test_impossible_combinations_fail_with_what_to_change(kw, needle):
     with pytest.raises(ConfigError) as e:
         plan_placement(_cfg(**kw), with_scorer=False)
@@ -176,16 +186,23 @@ def test_gpu_configs_combine_with_the_paper_experiment_and_submit_sh_order():
     assert plan.gpus == 8 and cfg.cluster.placement == "pack" and cfg.learner.lr == 1e-6
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (["cluster=gpu_colocated", "rollout.num_workers=4"], "learner.num_learners = rollout.num_workers"),
-    (["cluster=gpu_colocated", "learner.num_gpus=0.75"], "> 1"),
-    (["cluster=gpu_colocated", "rollout.vllm.tensor_parallel_size=2", "rollout.vllm.in_process=false"],
-     "tensor_parallel_size=2"),
-    (["cluster=gpu_1x8", "rollout.vllm.tensor_parallel_size=2", "rollout.vllm.in_process=false"],
-     "rollout.num_gpus=1 but rollout.vllm.tensor_parallel_size=2"),
-    (["cluster=gpu_1x8", "learner.num_gpus=0.5"], "Duplicate GPU detected"),
-    (["cluster=gpu_multinode", "learner.num_gpus=2"], "a learner rank drives one GPU"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["cluster=gpu_colocated", "rollout.num_workers=4"], "learner.num_learners = rollout.num_workers"),
+        (["cluster=gpu_colocated", "learner.num_gpus=0.75"], "> 1"),
+        (
+            ["cluster=gpu_colocated", "rollout.vllm.tensor_parallel_size=2", "rollout.vllm.in_process=false"],
+            "tensor_parallel_size=2",
+        ),
+        (
+            ["cluster=gpu_1x8", "rollout.vllm.tensor_parallel_size=2", "rollout.vllm.in_process=false"],
+            "rollout.num_gpus=1 but rollout.vllm.tensor_parallel_size=2",
+        ),
+        (["cluster=gpu_1x8", "learner.num_gpus=0.5"], "Duplicate GPU detected"),
+        (["cluster=gpu_multinode", "learner.num_gpus=2"], "a learner rank drives one GPU"),
+    ],
+)
 def test_bad_gpu_config_overrides_are_config_errors(overrides, needle):
     cfg = compose(overrides)
     with pytest.raises(ConfigError) as e:
@@ -193,11 +210,14 @@ def test_bad_gpu_config_overrides_are_config_errors(overrides, needle):
     assert needle in str(e.value)
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (["cluster=gpu_1x8", "cluster.placement=none", "cluster.colocate=true"], "cluster.colocate=true needs"),
-    (["cluster.placement=tight"], "cluster.placement='tight'"),
-    (["cluster.placement_timeout_s=0"], "placement_timeout_s must be > 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["cluster=gpu_1x8", "cluster.placement=none", "cluster.colocate=true"], "cluster.colocate=true needs"),
+        (["cluster.placement=tight"], "cluster.placement='tight'"),
+        (["cluster.placement_timeout_s=0"], "placement_timeout_s must be > 0"),
+    ],
+)
 def test_invalid_cluster_values_fail_validation(overrides, needle):
     with pytest.raises(ConfigError) as e:
         compose(overrides)

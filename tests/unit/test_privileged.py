@@ -1,10 +1,17 @@
 """Privileged prompts: the three skills placements and feedback insertion."""
+
 from __future__ import annotations
 
 import pytest
 
-from pipeline.context.placement import (FEEDBACK_HEADER, SKILL_HEADER, Placement, PrivilegedPrompt, insert_feedback,
-                                 with_privileged)
+from pipeline.context.placement import (
+    FEEDBACK_HEADER,
+    SKILL_HEADER,
+    Placement,
+    PrivilegedPrompt,
+    insert_feedback,
+    with_privileged,
+)
 from pipeline.core.types import Message
 
 SKILLS = "### General principles\n- **Heat**: use the microwave (when: hot goals)"

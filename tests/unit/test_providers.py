@@ -1,6 +1,7 @@
 """Privileged context providers: the skills provider's UCB statistics learn from the student's own
 episodes (a view carries a snapshot to the worker, the worker records what it offered, the driver
 updates), round-trip through a checkpoint, and the feedback provider's views."""
+
 from __future__ import annotations
 
 from envs import make_env
@@ -9,8 +10,10 @@ from pipeline.core.types import CriterionResult, Episode, EpisodeGroup, Message
 
 
 def skills(mode="ucb", top_k=2) -> SkillsContext:
-    return SkillsContext(SkillsContext.Options(skill_bank="keyword", skill_mode=mode, skill_top_k=top_k,
-                                               placement="user"), env_name="keyword")
+    return SkillsContext(
+        SkillsContext.Options(skill_bank="keyword", skill_mode=mode, skill_top_k=top_k, placement="user"),
+        env_name="keyword",
+    )
 
 
 def played(view, seed: int, reward: float) -> Episode:
@@ -19,8 +22,15 @@ def played(view, seed: int, reward: float) -> Episode:
     obs = env.reset(seed)
     prompt, offered = view.apply([Message(role="user", content=obs.text)], env, 0, None)
     assert "[Privileged Skill Information]" in prompt.messages[-1].content
-    return Episode(task_id="t", env_name="keyword", seed=seed, task_type=env.task_type, task_text=env.task_text,
-                   reward=reward, context_ids=offered)
+    return Episode(
+        task_id="t",
+        env_name="keyword",
+        seed=seed,
+        task_type=env.task_type,
+        task_text=env.task_text,
+        reward=reward,
+        context_ids=offered,
+    )
 
 
 def test_ucb_learns_from_the_students_own_episodes_and_resumes_exactly():
@@ -48,9 +58,15 @@ def test_non_ucb_modes_do_not_accumulate_statistics():
 
 
 def test_feedback_view_puts_the_first_attempts_feedback_before_the_failing_turn():
-    ep = Episode(task_id="t", env_name="x", seed=0, criteria=[
-        CriterionResult(criterion="a", passed=False, failing_turn=1, feedback="fix a"),
-        CriterionResult(criterion="b", passed=True, feedback="never shown")])
+    ep = Episode(
+        task_id="t",
+        env_name="x",
+        seed=0,
+        criteria=[
+            CriterionResult(criterion="a", passed=False, failing_turn=1, feedback="fix a"),
+            CriterionResult(criterion="b", passed=True, feedback="never shown"),
+        ],
+    )
     view = FeedbackContext(FeedbackContext.Options(), env_name="x").student_view(ep)
     msgs = [Message(role="user", content="obs")]
     assert view.apply(msgs, None, 0, None)[0].messages == msgs  # before the failing turn: nothing

@@ -1,5 +1,6 @@
 """The rendezvous store holds its port from the moment it is chosen (the CI failure this fixes:
 a port picked "free", then taken by another socket before the learner bound it: EADDRINUSE)."""
+
 from __future__ import annotations
 
 import socket
@@ -37,6 +38,9 @@ def test_the_store_listens_on_its_address_only():
     import psutil
 
     store = host_store(10.0)
-    listening = [c.laddr for c in psutil.Process().net_connections(kind="tcp")
-                 if c.status == psutil.CONN_LISTEN and c.laddr.port == store.port]
+    listening = [
+        c.laddr
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == store.port
+    ]
     assert [a.ip for a in listening] == ["127.0.0.1"]

@@ -1,5 +1,6 @@
 """Every stored result table follows from its runs, and every table quoted in README.md or docs/
 is its folder's table (``scripts/results.py check``; ``rebuild`` fixes what it finds)."""
+
 from pathlib import Path
 
 from pipeline.tools.results import BLOCK, check, doc_files

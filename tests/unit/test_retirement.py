@@ -1,4 +1,5 @@
 """pipeline.algorithm.retirement: RetireOPD's windowed retirement rule on constructed K / SR sequences."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ def run(ctrl: RetirementController, ks: list[float], srs: list[float], start_ste
 
 def reference_retire_step(ks, srs, *, window, sr_t, delta, gamma):
     """The rule written directly over the whole series: first m >= 2 with rho >= delta, eta >= gamma."""
-    kbars = [sum(ks[i:i + window]) / window for i in range(0, len(ks) - window + 1, window)]
+    kbars = [sum(ks[i : i + window]) / window for i in range(0, len(ks) - window + 1, window)]
     for m in range(1, len(kbars)):
         rho = (kbars[m] - kbars[m - 1]) / abs(kbars[m])
         eta = (srs[m] + srs[m - 1]) / (2 * sr_t)

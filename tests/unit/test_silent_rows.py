@@ -1,5 +1,6 @@
 """Rows whose advantage is 0 leave the learner's batch (``trainer.skip_zero_advantage_rows``) and
 their tokens stay in token_mean's denominator, so the policy gradient is that of the whole batch."""
+
 import torch
 
 from pipeline.algorithm.losses import policy_loss
@@ -19,9 +20,14 @@ def _batch(advantages: list[float], lengths: list[int]) -> TrainBatch:
         attn[i, :n] = 1
         resp[i, 3:n] = 1.0
     adv = torch.tensor(advantages).unsqueeze(1) * resp
-    return TrainBatch(input_ids=ids * attn, attention_mask=attn, response_mask=resp,
-                      behaviour_logprobs=-torch.rand(len(lengths), width, generator=g) * resp,
-                      advantages=adv, versions=list(range(len(lengths))))
+    return TrainBatch(
+        input_ids=ids * attn,
+        attention_mask=attn,
+        response_mask=resp,
+        behaviour_logprobs=-torch.rand(len(lengths), width, generator=g) * resp,
+        advantages=adv,
+        versions=list(range(len(lengths))),
+    )
 
 
 def test_zero_advantage_rows_leave_and_their_tokens_stay_in_the_denominator():
@@ -37,14 +43,24 @@ def test_zero_advantage_rows_leave_and_their_tokens_stay_in_the_denominator():
 def test_the_policy_gradient_is_the_whole_batchs():
     batch = _batch([0.0, 1.5, 0.0, -0.7, 2.0, 0.0], [9, 7, 12, 6, 8, 5])
     kept = drop_silent_rows(batch)
-    cur = batch.behaviour_logprobs + 0.3 * torch.randn(batch.behaviour_logprobs.shape,
-                                                       generator=torch.Generator().manual_seed(1))
+    cur = batch.behaviour_logprobs + 0.3 * torch.randn(
+        batch.behaviour_logprobs.shape, generator=torch.Generator().manual_seed(1)
+    )
 
     def grad(b: TrainBatch, rows: list[int]) -> torch.Tensor:
         lp = cur[rows, : b.input_ids.shape[1]].clone().requires_grad_(True)
         n_total = b.response_mask.sum() + b.extra_loss_tokens
-        loss, _ = policy_loss(lp, b.behaviour_logprobs, b.advantages, b.response_mask, n_total,
-                              clip_low=0.2, clip_high=0.2, dual_clip=3.0, correction="none")
+        loss, _ = policy_loss(
+            lp,
+            b.behaviour_logprobs,
+            b.advantages,
+            b.response_mask,
+            n_total,
+            clip_low=0.2,
+            clip_high=0.2,
+            dual_clip=3.0,
+            correction="none",
+        )
         loss.backward()
         return lp.grad
 

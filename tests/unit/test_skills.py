@@ -1,4 +1,5 @@
 """Skill banks: schema validation, the four retrieval modes, rendering, the shipped banks."""
+
 from __future__ import annotations
 
 import copy
@@ -6,11 +7,26 @@ import json
 
 import pytest
 
-from envs.skills import (Mistake, RetrievalMode, Skill, SkillBank, SkillBankError, SkillRetriever,
-                         available_banks, load_bank, render)
+from envs.skills import (
+    Mistake,
+    RetrievalMode,
+    Skill,
+    SkillBank,
+    SkillBankError,
+    SkillRetriever,
+    available_banks,
+    load_bank,
+    render,
+)
 
-ALFWORLD_TYPES = ["pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
-                  "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place"]
+ALFWORLD_TYPES = [
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+]
 
 
 def _skill(sid: str) -> dict:
@@ -26,8 +42,11 @@ def small_bank_dict() -> dict:
         "general_skills": [_skill(f"g{i}") for i in range(4)],
         "task_specific_skills": {"heat": [_skill("h0"), _skill("h1")], "plain": [_skill("p0")]},
         "common_mistakes": [_mistake(f"m{i}") for i in range(3)],
-        "metadata": {"task_keywords": {"heat": ["hot", "heat"]}, "default_task_type": "plain",
-                     "task_marker": "Your task is to:"},
+        "metadata": {
+            "task_keywords": {"heat": ["hot", "heat"]},
+            "default_task_type": "plain",
+            "task_marker": "Your task is to:",
+        },
     }
 
 
@@ -107,26 +126,31 @@ def test_a_bank_loads_from_a_path(tmp_path):
 
 
 # ----- keyword mapping ---------------------------------------------------------------------------
-@pytest.mark.parametrize("goal, task_type", [
-    ("put a hot apple in fridge", "pick_heat_then_place_in_recep"),
-    ("heat some egg and put it in garbagecan", "pick_heat_then_place_in_recep"),
-    ("put a cool mug in microwave", "pick_cool_then_place_in_recep"),
-    ("cool some bread and put it in countertop", "pick_cool_then_place_in_recep"),
-    ("put a clean lettuce in diningtable", "pick_clean_then_place_in_recep"),
-    ("clean some fork and put it in drawer", "pick_clean_then_place_in_recep"),
-    ("look at bowl under the desklamp", "look_at_obj_in_light"),
-    ("examine the alarmclock with the desklamp", "look_at_obj_in_light"),
-    ("put two cellphone in sofa", "pick_two_obj_and_place"),
-    ("find two pillow and put them in armchair", "pick_two_obj_and_place"),
-    ("put some potato on diningtable", "pick_and_place_simple"),
-    ("put a spraybottle in toilet", "pick_and_place_simple"),
-])
+@pytest.mark.parametrize(
+    "goal, task_type",
+    [
+        ("put a hot apple in fridge", "pick_heat_then_place_in_recep"),
+        ("heat some egg and put it in garbagecan", "pick_heat_then_place_in_recep"),
+        ("put a cool mug in microwave", "pick_cool_then_place_in_recep"),
+        ("cool some bread and put it in countertop", "pick_cool_then_place_in_recep"),
+        ("put a clean lettuce in diningtable", "pick_clean_then_place_in_recep"),
+        ("clean some fork and put it in drawer", "pick_clean_then_place_in_recep"),
+        ("look at bowl under the desklamp", "look_at_obj_in_light"),
+        ("examine the alarmclock with the desklamp", "look_at_obj_in_light"),
+        ("put two cellphone in sofa", "pick_two_obj_and_place"),
+        ("find two pillow and put them in armchair", "pick_two_obj_and_place"),
+        ("put some potato on diningtable", "pick_and_place_simple"),
+        ("put a spraybottle in toilet", "pick_and_place_simple"),
+    ],
+)
 def test_alfworld_goals_map_to_their_task_type(goal, task_type):
     bank = load_bank("alfworld")
     assert bank.classify(goal) == task_type
     # In the full initial observation the room list (with its desklamp) must not decide the type.
-    obs = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around "
-           "you, you see a desk 1, a desklamp 1, a fridge 1 and a microwave 1.\n\nYour task is to: " + goal + ".")
+    obs = (
+        "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around "
+        "you, you see a desk 1, a desklamp 1, a fridge 1 and a microwave 1.\n\nYour task is to: " + goal + "."
+    )
     assert bank.classify(obs) == task_type
 
 
@@ -158,8 +182,9 @@ def test_random_mode_is_seeded_same_seed_same_skills_different_seeds_differ(bank
     draws = {retriever.retrieve("put a hot egg in bin", seed=s).skill_ids for s in range(20)}
     assert len(draws) > 5
     other = SkillRetriever(bank, "random", top_k=3, seed=12)
-    assert [other.retrieve("x", seed=s).skill_ids for s in range(20)] != \
-        [retriever.retrieve("x", seed=s).skill_ids for s in range(20)]
+    assert [other.retrieve("x", seed=s).skill_ids for s in range(20)] != [
+        retriever.retrieve("x", seed=s).skill_ids for s in range(20)
+    ]
 
 
 # ----- UCB ---------------------------------------------------------------------------------------
@@ -227,10 +252,12 @@ def test_render_is_deterministic_markdown_with_sections(bank):
     skills = [bank.skill("h0"), bank.skill("g0"), bank.skill("p0")]
     text = render(skills, bank.mistakes[:1])
     assert text == render(list(skills), list(bank.mistakes[:1]))
-    assert text == ("### General principles\n- **Tg0**: Pg0 (when: Wg0)\n\n"
-                    "### Skills for heat\n- **Th0**: Ph0 (when: Wh0)\n\n"
-                    "### Skills for plain\n- **Tp0**: Pp0 (when: Wp0)\n\n"
-                    "### Common mistakes\n- **Dm0**: Hm0")
+    assert text == (
+        "### General principles\n- **Tg0**: Pg0 (when: Wg0)\n\n"
+        "### Skills for heat\n- **Th0**: Ph0 (when: Wh0)\n\n"
+        "### Skills for plain\n- **Tp0**: Pp0 (when: Wp0)\n\n"
+        "### Common mistakes\n- **Dm0**: Hm0"
+    )
     assert render([], []) == ""
     assert render([Skill("a", "A", "p", "w")], [Mistake("m", "d", "y", "h")]).startswith("### General principles")
 

@@ -7,6 +7,7 @@ the planner) for thousands of games per split and checks, as sets, that no ``val
 key (floor plan, task type, object type, receptacle type, lamp type) is a ``train`` one,
 that ``valid_seen`` draws from the training rooms and ``valid_unseen`` from other rooms.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -38,8 +39,9 @@ def test_held_out_goal_keys_and_rooms_never_occur_in_train(limits):
     keys = {s: {key(p) for p in problems[s]} for s in SPLITS}
     rooms = {s: {p.floorplan for p in problems[s]} for s in SPLITS}
     shared = keys["valid_seen"] & keys["train"]
-    assert not shared, (f"{len(shared)} of {len(keys['valid_seen'])} valid_seen goal keys are train's, "
-                        f"e.g. {sorted(shared)[:3]}")
+    assert not shared, (
+        f"{len(shared)} of {len(keys['valid_seen'])} valid_seen goal keys are train's, e.g. {sorted(shared)[:3]}"
+    )
     assert not keys["valid_unseen"] & keys["train"] and not keys["valid_unseen"] & keys["valid_seen"]
     assert not rooms["valid_unseen"] & (rooms["train"] | rooms["valid_seen"])
     assert rooms["valid_seen"] <= set(split_floorplans("train"))

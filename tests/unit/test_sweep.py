@@ -1,4 +1,5 @@
 """Sweeps without Ray: point directory names, the manifest, point records, the summary tables."""
+
 from __future__ import annotations
 
 import csv
@@ -12,8 +13,15 @@ from omegaconf import OmegaConf
 from pipeline.core.config import ConfigError
 from pipeline.tools import sweep
 from pipeline.tools.cli import compose
-from pipeline.tools.sweep_report import (Point, Settings, aggregate, groups_table, points_table, run_metrics,
-                                         write_report)
+from pipeline.tools.sweep_report import (
+    Point,
+    Settings,
+    aggregate,
+    groups_table,
+    points_table,
+    run_metrics,
+    write_report,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = ["method.beta", "method.lam", "trainer.seed"]
@@ -21,18 +29,22 @@ KEYS = ["method.beta", "method.lam", "trainer.seed"]
 
 # ----- names -------------------------------------------------------------------------------------
 
+
 def test_a_point_is_named_after_its_job_and_swept_values_only():
     values = {"method.beta": "10", "method.lam": "0.01", "trainer.seed": "1"}
     assert sweep.point_dirname(3, values) == "3_beta=10_lam=0.01_seed=1"
 
 
-@pytest.mark.parametrize("value, safe", [
-    ("[0.4,0.0]", "-0.4-0.0-"),
-    ("/models/Qwen 3B", "-models-Qwen-3B"),
-    ("-0.05", "-0.05"),  # a negative value keeps its sign
-    ("a:b*c?", "a-b-c-"),
-    ("1e-6", "1e-6"),
-])
+@pytest.mark.parametrize(
+    "value, safe",
+    [
+        ("[0.4,0.0]", "-0.4-0.0-"),
+        ("/models/Qwen 3B", "-models-Qwen-3B"),
+        ("-0.05", "-0.05"),  # a negative value keeps its sign
+        ("a:b*c?", "a-b-c-"),
+        ("1e-6", "1e-6"),
+    ],
+)
 def test_values_are_sanitised(value, safe):
     assert sweep.sanitize(value) == safe
 
@@ -51,32 +63,59 @@ def test_columns_are_last_key_components_unless_two_end_alike():
     from pipeline.tools.sweep_report import column_names
 
     assert column_names(["learner.lr", "scorer.lr", "method.beta", "method"]) == {
-        "learner.lr": "learner.lr", "scorer.lr": "scorer.lr", "method.beta": "beta", "method": "method"}
+        "learner.lr": "learner.lr",
+        "scorer.lr": "scorer.lr",
+        "method.beta": "beta",
+        "method": "method",
+    }
 
 
 def test_swept_keys_and_values_come_from_the_overrides():
-    command = ["model=tiny", "method.beta=1,10", "trainer.seed=range(0,2)", "+x=choice(a,b)",
-               "rollout.val_temperatures=[0.4,0.0]", 'env.name="a,b"']
+    command = [
+        "model=tiny",
+        "method.beta=1,10",
+        "trainer.seed=range(0,2)",
+        "+x=choice(a,b)",
+        "rollout.val_temperatures=[0.4,0.0]",
+        'env.name="a,b"',
+    ]
     assert sweep.swept_keys(command) == ["method.beta", "trainer.seed", "x"]
     job = ["model=tiny", "method.beta=10", "trainer.seed=1", "+x=b", "rollout.val_temperatures=[0.4,0.0]"]
     assert sweep.point_values(job, ["method.beta", "trainer.seed", "x"]) == {
-        "method.beta": "10", "trainer.seed": "1", "x": "b"}
+        "method.beta": "10",
+        "trainer.seed": "1",
+        "x": "b",
+    }
 
 
 def test_the_configured_subdir_names_a_point_from_the_manifest(tmp_path):
     """conf/config.yaml's own hydra.sweep.subdir, resolved as Hydra does for a job."""
     subdir = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())["hydra"]["sweep"]["subdir"]
-    fixed = ["model=tiny", "env=keyword", "method=sdar", "trainer.total_steps=2", "rollout.max_new_tokens=8",
-             "learner.precision=fp32", "rollout.precision=fp32", "logger.progress=false", "trainer.val_every=1",
-             "trainer.val_tasks=1", "trainer.ckpt_every=0", "rollout.group_size=2", "trainer.groups_per_step=1"]
+    fixed = [
+        "model=tiny",
+        "env=keyword",
+        "method=sdar",
+        "trainer.total_steps=2",
+        "rollout.max_new_tokens=8",
+        "learner.precision=fp32",
+        "rollout.precision=fp32",
+        "logger.progress=false",
+        "trainer.val_every=1",
+        "trainer.val_tasks=1",
+        "trainer.ckpt_every=0",
+        "rollout.group_size=2",
+        "trainer.groups_per_step=1",
+    ]
     sweep.check_manifest(tmp_path, [*fixed, "method.beta=1,10", "method.lam=0.01,0.1", "trainer.seed=0,1"])
     job = [*fixed, "method.beta=10", "method.lam=0.01", "trainer.seed=1"]
-    cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path), "subdir": subdir},
-                                      "job": {"num": 5}, "overrides": {"task": job}}})
+    cfg = OmegaConf.create(
+        {"hydra": {"sweep": {"dir": str(tmp_path), "subdir": subdir}, "job": {"num": 5}, "overrides": {"task": job}}}
+    )
     assert cfg.hydra.sweep.subdir == "5_beta=10_lam=0.01_seed=1"
 
 
 # ----- the manifest ------------------------------------------------------------------------------
+
 
 def test_a_rerun_must_repeat_the_command_but_may_change_the_cluster(tmp_path):
     command = ["model=tiny", "method.beta=1,10", "trainer.seed=0,1"]
@@ -90,6 +129,7 @@ def test_a_rerun_must_repeat_the_command_but_may_change_the_cluster(tmp_path):
 
 
 # ----- point records -----------------------------------------------------------------------------
+
 
 def test_a_point_record_keeps_status_error_and_seconds_over_attempts(tmp_path, monkeypatch):
     clock = iter([100.0, 103.0, 200.0, 202.5])
@@ -120,28 +160,49 @@ def test_a_point_with_a_checkpoint_or_a_first_phase_is_resumable(tmp_path):
 
 # ----- a run's numbers ---------------------------------------------------------------------------
 
+
 def test_run_metrics_take_final_and_best_values_and_diagnostics():
-    rows = [{"step": 1, "rollout/reward": 0.1, "rollout/success": 0.0, "sdar/gate_mean": 0.4},
-            {"step": 2, "rollout/reward": 0.3, "rollout/success": 0.5, "val/success": 0.75,
-             "val/privilege_gap": 0.25, "sdar/gate_mean": 0.6},
-            {"step": 3, "rollout/reward": 0.2, "rollout/success": 0.5, "sdar/gate_mean": None},
-            {"step": 4, "rollout/reward": 0.4, "rollout/success": 1.0, "val/success": 0.5}]
+    rows = [
+        {"step": 1, "rollout/reward": 0.1, "rollout/success": 0.0, "sdar/gate_mean": 0.4},
+        {
+            "step": 2,
+            "rollout/reward": 0.3,
+            "rollout/success": 0.5,
+            "val/success": 0.75,
+            "val/privilege_gap": 0.25,
+            "sdar/gate_mean": 0.6,
+        },
+        {"step": 3, "rollout/reward": 0.2, "rollout/success": 0.5, "sdar/gate_mean": None},
+        {"step": 4, "rollout/reward": 0.4, "rollout/success": 1.0, "val/success": 0.5},
+    ]
     m = run_metrics(rows, "val/success")
-    assert m == {"val/success": 0.5, "best val/success": 0.75, "rollout/reward": 0.4, "rollout/success": 1.0,
-                 "steps": 4, "gate_mean": 0.6, "privilege_gap": 0.25}
+    assert m == {
+        "val/success": 0.5,
+        "best val/success": 0.75,
+        "rollout/reward": 0.4,
+        "rollout/success": 1.0,
+        "steps": 4,
+        "gate_mean": 0.6,
+        "privilege_gap": 0.25,
+    }
     assert "retire_step" not in m and "shaping_abs_mean" not in m  # not logged: left blank
 
 
 def test_a_resumed_run_s_repeated_steps_count_once(tmp_path):
     from pipeline.tools.sweep_report import read_rows
 
-    lines = [{"step": 1, "rollout/reward": 0.1}, {"step": 2, "rollout/reward": 0.2},
-             {"step": 2, "rollout/reward": 0.5}, {"step": 3, "rollout/reward": 0.6}]
+    lines = [
+        {"step": 1, "rollout/reward": 0.1},
+        {"step": 2, "rollout/reward": 0.2},
+        {"step": 2, "rollout/reward": 0.5},
+        {"step": 3, "rollout/reward": 0.6},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     assert [(r["step"], r["rollout/reward"]) for r in read_rows(tmp_path)] == [(1, 0.1), (2, 0.5), (3, 0.6)]
 
 
 # ----- tables ------------------------------------------------------------------------------------
+
 
 def _grid(failed: str | None = None) -> list[Point]:
     """2 x 2 x 2 points; val/success = beta/10 + lam + seed/100, so (10, 0.1) is best."""
@@ -156,9 +217,15 @@ def _grid(failed: str | None = None) -> list[Point]:
                     points.append(Point(name, values, "failed", overrides, "RuntimeError: out of memory"))
                 else:
                     v = float(beta) / 10 + float(lam) + float(seed) / 100
-                    points.append(Point(name, values, "done", overrides,
-                                        metrics={"val/success": v, "rollout/reward": 2 * v, "steps": 2,
-                                                 "wall_s": 10.0}))
+                    points.append(
+                        Point(
+                            name,
+                            values,
+                            "done",
+                            overrides,
+                            metrics={"val/success": v, "rollout/reward": 2 * v, "steps": 2, "wall_s": 10.0},
+                        )
+                    )
                 num += 1
     return points
 
@@ -233,6 +300,7 @@ def test_no_plot_when_no_point_has_the_primary_metric(tmp_path):
 
 # ----- run dirs that were not one multirun -------------------------------------------------------
 
+
 def test_run_dirs_of_separate_jobs_are_summarised_by_their_differing_config(tmp_path):
     for beta in (1, 10):
         d = tmp_path / f"beta{beta}"
@@ -244,14 +312,22 @@ def test_run_dirs_of_separate_jobs_are_summarised_by_their_differing_config(tmp_
     keys, points = sweep.collect_runs(tmp_path, "val/success")
     assert keys == ["method.beta"]
     assert [(p.name, p.values, p.status) for p in points] == [
-        ("beta1", {"method.beta": "1"}, "done"), ("beta10", {"method.beta": "10"}, "unfinished")]
+        ("beta1", {"method.beta": "1"}, "done"),
+        ("beta10", {"method.beta": "10"}, "unfinished"),
+    ]
 
 
 # ----- config ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("override, field", [
-    ("sweep.goal=up", "sweep.goal"), ("sweep.metric=", "sweep.metric"), ("sweep.name=/abs/x", "sweep.name"),
-])
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("sweep.goal=up", "sweep.goal"),
+        ("sweep.metric=", "sweep.metric"),
+        ("sweep.name=/abs/x", "sweep.name"),
+    ],
+)
 def test_a_bad_sweep_setting_fails_naming_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         compose([override])

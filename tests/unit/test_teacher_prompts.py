@@ -1,20 +1,28 @@
 """Token ids of privileged teacher prompts (pipeline/context/prompts.py)."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 
-from pipeline.models import load_tokenizer
 from pipeline.context.prompts import TeacherPrompts
 from pipeline.core.types import Message, TurnRecord
+from pipeline.models import load_tokenizer
 
 
 def turn(messages: list[Message], tok) -> TurnRecord:
-    ids = tok.apply_chat_template([m.as_dict() for m in messages], add_generation_prompt=True, tokenize=True,
-                                  return_dict=False)
-    return TurnRecord(prompt_ids=list(ids), response_ids=[5, 6], behaviour_logprobs=[-1.0, -1.0],
-                      policy_version=0, turn_index=0, messages=messages)
+    ids = tok.apply_chat_template(
+        [m.as_dict() for m in messages], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return TurnRecord(
+        prompt_ids=list(ids),
+        response_ids=[5, 6],
+        behaviour_logprobs=[-1.0, -1.0],
+        policy_version=0,
+        turn_index=0,
+        messages=messages,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,17 +54,21 @@ def _insertion(student: list[int], teacher: list[int]) -> list[int]:
     while q < len(student) - p and student[-1 - q] == teacher[-1 - q]:
         q += 1
     assert p + q == len(student), "the teacher prompt changes the student's tokens, not only adds to them"
-    return teacher[p:len(teacher) - q]
+    return teacher[p : len(teacher) - q]
 
 
 CONVERSATIONS = {
     "user only": [Message(role="user", content="\nYou are in a kitchen. Your task is to: heat a mug.\n")],
-    "with system": [Message(role="system", content="You are an agent."),
-                    Message(role="user", content="Task: heat a mug.\nObs: kitchen")],
-    "tool turns": [Message(role="system", content="Tools: view_file, finish"),
-                   Message(role="user", content="Fix the bug in app.py."),
-                   Message(role="assistant", content='<tool_call>{"name": "view_file"}</tool_call>'),
-                   Message(role="tool", content="def f(x):\n    return x + 1\n")],
+    "with system": [
+        Message(role="system", content="You are an agent."),
+        Message(role="user", content="Task: heat a mug.\nObs: kitchen"),
+    ],
+    "tool turns": [
+        Message(role="system", content="Tools: view_file, finish"),
+        Message(role="user", content="Fix the bug in app.py."),
+        Message(role="assistant", content='<tool_call>{"name": "view_file"}</tool_call>'),
+        Message(role="tool", content="def f(x):\n    return x + 1\n"),
+    ],
 }
 
 

@@ -3,6 +3,7 @@
 The fake stands in for an engine only to test the loop's batching, weight timing and failure
 paths; the real HF engine under the batcher is exercised in tests/integration/test_rollout_worker.py.
 """
+
 from __future__ import annotations
 
 import threading
@@ -30,8 +31,14 @@ class FakeEngine:
         try:
             if self.gate is not None:
                 assert self.gate.wait(10)
-            self.calls.append({"prompts": prompts, "seeds": seeds, "version": self.version,
-                               "sampling": (max_new_tokens, temperature, top_p)})
+            self.calls.append(
+                {
+                    "prompts": prompts,
+                    "seeds": seeds,
+                    "version": self.version,
+                    "sampling": (max_new_tokens, temperature, top_p),
+                }
+            )
             if self.fail_on_call == len(self.calls):
                 raise RuntimeError("engine broke")
             return [Generation(token_ids=[len(p)], logprobs=[-0.5], finish_reason=FinishReason.STOP) for p in prompts]

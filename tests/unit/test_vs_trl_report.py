@@ -1,5 +1,6 @@
 """scripts/bench/vs_trl.py without TRL: the workload both sides compose, the prompts both get, and
 the report's arithmetic (rates over the measured steps, ratios per completion and per token)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -37,8 +38,15 @@ def test_the_prompts_are_the_first_tasks_of_privy_rls_training_stream(tiny_model
 
 
 def _raw(step_s, tokens, n=4):
-    return {"step_s": step_s, "completions": [n] * len(step_s), "response_tokens": tokens, "reward_mean": 0.5,
-            "threads": 2, "stop_ids": [2], "prompts_sha256": "ab" * 32}
+    return {
+        "step_s": step_s,
+        "completions": [n] * len(step_s),
+        "response_tokens": tokens,
+        "reward_mean": 0.5,
+        "threads": 2,
+        "stop_ids": [2],
+        "prompts_sha256": "ab" * 32,
+    }
 
 
 def test_rates_leave_out_the_first_step_and_ratios_come_per_completion_and_per_token():
@@ -54,13 +62,22 @@ def test_rates_leave_out_the_first_step_and_ratios_come_per_completion_and_per_t
 def test_the_markdown_names_the_cpu_the_command_and_both_ratios():
     trl = vs_trl.summarize(_raw([9.0, 2.0], [100, 40]))
     privy = vs_trl.summarize(_raw([9.0, 1.0], [100, 60]))
-    report = {"date": "2026-12-04T00:00:00+00:00", "command": "python scripts/bench/vs_trl.py --steps 2",
-              "git": {"commit": "0" * 40, "dirty": True, "changed_files": ["a.py"]},
-              "cpu": {"kind": "AVX2 only", "model_name": "Some CPU", "torch_capability": "AVX2", "cores": 2},
-              "workload": {**vs_trl.asdict(vs_trl.Workload(steps=2)), "precision_reason": "auto",
-                           "mean_prompt_tokens": 53.0, "prompts_sha256": "ab" * 32, "stop_ids": [2]},
-              "sides": {"trl": trl, "privy_hf_lag0": privy}, "ratios": {"privy_hf_lag0": vs_trl.ratios(privy, trl)},
-              "notes": vs_trl.NOTES}
+    report = {
+        "date": "2026-12-04T00:00:00+00:00",
+        "command": "python scripts/bench/vs_trl.py --steps 2",
+        "git": {"commit": "0" * 40, "dirty": True, "changed_files": ["a.py"]},
+        "cpu": {"kind": "AVX2 only", "model_name": "Some CPU", "torch_capability": "AVX2", "cores": 2},
+        "workload": {
+            **vs_trl.asdict(vs_trl.Workload(steps=2)),
+            "precision_reason": "auto",
+            "mean_prompt_tokens": 53.0,
+            "prompts_sha256": "ab" * 32,
+            "stop_ids": [2],
+        },
+        "sides": {"trl": trl, "privy_hf_lag0": privy},
+        "ratios": {"privy_hf_lag0": vs_trl.ratios(privy, trl)},
+        "notes": vs_trl.NOTES,
+    }
     md = vs_trl.markdown(report)
     assert "Some CPU, AVX2 only" in md and "--steps 2" in md and "uncommitted changes to 1" in md
     assert "| privy-rl, HF engine, lag 0 | 1.00 | 4.00 | 60.0 | 15.0 | 0.500 | 2.00x | **3.00x** |" in md

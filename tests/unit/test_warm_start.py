@@ -1,5 +1,6 @@
 """The warm start's expert rows: ALFWorld's expert in the strict protocol, prompts from RL's own
 builder, response ids as the model would emit them; the NLL term; the cache key."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,7 +29,9 @@ def tok():
 
 @pytest.fixture(scope="module")
 def env_cfg(tmp_path_factory):
-    return EnvConfig(name="alfworld", history_length=1, options={**SMALL, "cache_dir": str(tmp_path_factory.mktemp("alf"))})
+    return EnvConfig(
+        name="alfworld", history_length=1, options={**SMALL, "cache_dir": str(tmp_path_factory.mktemp("alf"))}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +68,13 @@ def test_response_ids_end_with_the_end_of_turn_token_and_continue_the_prompt(tok
     for r in rows.rows[:5]:
         assert r.response_ids[-1] in stops and not stops & set(r.response_ids[:-1])
         assert tok.decode(r.response_ids, skip_special_tokens=True) == r.response_text
-        whole = tok.apply_chat_template([m.as_dict() for m in r.messages]
-                                        + [{"role": "assistant", "content": r.response_text}], tokenize=False)
-        assert tok(whole, add_special_tokens=False)["input_ids"][: len(r.prompt_ids) + len(r.response_ids)] \
+        whole = tok.apply_chat_template(
+            [m.as_dict() for m in r.messages] + [{"role": "assistant", "content": r.response_text}], tokenize=False
+        )
+        assert (
+            tok(whole, add_special_tokens=False)["input_ids"][: len(r.prompt_ids) + len(r.response_ids)]
             == r.prompt_ids + r.response_ids
+        )
 
 
 def test_expert_reasons_name_the_object():
@@ -87,8 +93,10 @@ def test_the_search_goes_to_the_next_receptacle_in_alphabetical_order():
 
 
 def test_a_planned_go_to_says_what_it_goes_there_to_do():
-    assert planned_reason("go to microwave 1", "heat apple 1 with microwave 1") == \
-        "I go to the microwave 1 to heat apple 1 with microwave 1."
+    assert (
+        planned_reason("go to microwave 1", "heat apple 1 with microwave 1")
+        == "I go to the microwave 1 to heat apple 1 with microwave 1."
+    )
     assert planned_reason("go to shelf 1", "go to shelf 2") == expert_reason("go to shelf 1")
     assert planned_reason("heat apple 1 with microwave 1", "") == "the apple 1 must be hot"
 
@@ -137,8 +145,10 @@ def test_the_cache_key_follows_every_input(tmp_path):
     model = resolve_model("smollm2_135m")
     base = warm_start_dir(cfg, model)
     assert base == warm_start_dir(compose(["warm_start.enabled=true", f"warm_start.cache_dir={tmp_path}"]), model)
-    for change in (dict(warm_start=dataclasses.replace(cfg.warm_start, epochs=3)),
-                   dict(env=dataclasses.replace(cfg.env, history_length=2))):
+    for change in (
+        dict(warm_start=dataclasses.replace(cfg.warm_start, epochs=3)),
+        dict(env=dataclasses.replace(cfg.env, history_length=2)),
+    ):
         assert warm_start_dir(dataclasses.replace(cfg, **change), model) != base
 
 
@@ -156,10 +166,18 @@ def test_the_alfworld_hint_says_where_things_are_and_go():
 
     plan = ["go to shelf 3", "take watch 2 from shelf 3", "go to sidetable 1", "use floorlamp 1"]
     assert walkthrough_hint(plan) == "The watch 2 is in/on the shelf 3. The floorlamp 1 is in/on the sidetable 1."
-    plan = ["go to countertop 1", "take mug 1 from countertop 1", "go to microwave 1", "heat mug 1 with microwave 1",
-            "go to cabinet 2", "open cabinet 2", "move mug 1 to cabinet 2"]
-    assert walkthrough_hint(plan) == ("The mug 1 is in/on the countertop 1. Heat the mug 1 with the microwave 1. "
-                                      "The mug 1 goes in/on the cabinet 2.")
+    plan = [
+        "go to countertop 1",
+        "take mug 1 from countertop 1",
+        "go to microwave 1",
+        "heat mug 1 with microwave 1",
+        "go to cabinet 2",
+        "open cabinet 2",
+        "move mug 1 to cabinet 2",
+    ]
+    assert walkthrough_hint(plan) == (
+        "The mug 1 is in/on the countertop 1. Heat the mug 1 with the microwave 1. The mug 1 goes in/on the cabinet 2."
+    )
 
 
 def test_hinted_episodes_answer_from_the_hint_in_the_teachers_prompt(tok):
@@ -178,9 +196,9 @@ def test_hinted_episodes_answer_from_the_hint_in_the_teachers_prompt(tok):
     env = make_env("search_qa", {}, "train")
     k = 0
     for seed, n in enumerate(plain.turns):
-        student = plain.rows[k:k + n]
+        student = plain.rows[k : k + n]
         k += n
-        assert [r.prompt_ids for r in both.rows[k + seed - n:k + seed]] == [r.prompt_ids for r in student]
+        assert [r.prompt_ids for r in both.rows[k + seed - n : k + seed]] == [r.prompt_ids for r in student]
         hinted = both.rows[k + seed]
         env.reset(seed)
         hint, gold = env.privileged_hint(), env.question.answers[0]
@@ -192,8 +210,9 @@ def test_hinted_episodes_answer_from_the_hint_in_the_teachers_prompt(tok):
 
 
 def test_the_hinted_alfworld_expert_walks_the_walkthrough(tok, env_cfg, rows):
-    both = expert_rows(env_cfg, StudentPrompts(tok, max_prompt_tokens=1024, history_length=1), tasks=6,
-                       hint_placement="user")
+    both = expert_rows(
+        env_cfg, StudentPrompts(tok, max_prompt_tokens=1024, history_length=1), tasks=6, hint_placement="user"
+    )
     assert both.episodes == both.won == 12
     assert both.turns[0::2] == rows.turns  # the searching expert's episodes, unchanged
     env = make_env("alfworld", env_cfg.options, "train")

@@ -1,4 +1,5 @@
 """The offline WebShop: reward formula, page graph, protocol, determinism, prompt, skill bank, adapter guard."""
+
 import itertools
 import random
 
@@ -6,8 +7,17 @@ import pytest
 
 from envs import make_env
 from envs.skills import load_bank
-from envs.webshop.catalog import (PRODUCT_TYPES, SPLITS, TASK_TYPES, Goal, Product, build_catalog, generate_goal,
-                                  normalize_color, price_upper_for)
+from envs.webshop.catalog import (
+    PRODUCT_TYPES,
+    SPLITS,
+    TASK_TYPES,
+    Goal,
+    Product,
+    build_catalog,
+    generate_goal,
+    normalize_color,
+    price_upper_for,
+)
 from envs.webshop.engine import SEP, SearchIndex, WebShopEngine, tokenize
 from envs.webshop.reward import fuzzy_match, get_reward
 
@@ -24,21 +34,34 @@ def env_for(seed=0, split="train", **opts):
 
 # ----- reward formula on constructed cases ---------------------------------------------------------
 def shirt(**over) -> Product:
-    fields = dict(asin="B0TEST0001", title="Northway Cotton Crew Neck Men's T-Shirt", price=18.99, category="fashion",
-                  product_category="Clothing, Shoes & Jewelry › Men › Clothing › Shirts › T-Shirts",
-                  query="men's t-shirts", attributes=("cotton", "crew neck", "machine wash"),
-                  options={"color": ("black", "navy blue", "heather grey"), "size": ("medium", "large", "x-large")},
-                  description="The Northway men's t-shirt brings together cotton, crew neck and machine wash.",
-                  bullets=("Cotton: soft.", "Crew Neck for everyday comfort."))
+    fields = dict(
+        asin="B0TEST0001",
+        title="Northway Cotton Crew Neck Men's T-Shirt",
+        price=18.99,
+        category="fashion",
+        product_category="Clothing, Shoes & Jewelry › Men › Clothing › Shirts › T-Shirts",
+        query="men's t-shirts",
+        attributes=("cotton", "crew neck", "machine wash"),
+        options={"color": ("black", "navy blue", "heather grey"), "size": ("medium", "large", "x-large")},
+        description="The Northway men's t-shirt brings together cotton, crew neck and machine wash.",
+        bullets=("Cotton: soft.", "Crew Neck for everyday comfort."),
+    )
     fields.update(over)
     return Product(**fields)
 
 
-GOAL = Goal(asin="B0TEST0001", instruction="i need a men's t-shirt that is cotton and crew neck with color: "
-            "navy blue, and size: large, and price lower than 30.00 dollars", attributes=("cotton", "crew neck"),
-            options={"color": "navy blue", "size": "large"}, price_upper=30.0, query="men's t-shirts",
-            product_category="Clothing, Shoes & Jewelry › Men › Clothing › Shirts › T-Shirts",
-            name="Northway Cotton Crew Neck Men's T-Shirt", category="fashion")
+GOAL = Goal(
+    asin="B0TEST0001",
+    instruction="i need a men's t-shirt that is cotton and crew neck with color: "
+    "navy blue, and size: large, and price lower than 30.00 dollars",
+    attributes=("cotton", "crew neck"),
+    options={"color": "navy blue", "size": "large"},
+    price_upper=30.0,
+    query="men's t-shirts",
+    product_category="Clothing, Shoes & Jewelry › Men › Clothing › Shirts › T-Shirts",
+    name="Northway Cotton Crew Neck Men's T-Shirt",
+    category="fashion",
+)
 
 
 def test_right_item_with_its_options_scores_one():
@@ -64,22 +87,27 @@ def test_wrong_size_misses_and_sizes_match_exactly():
 
 def test_colours_are_normalised_like_webshop():
     assert normalize_color("royal blue") == normalize_color("navy blue") == "blue"
-    r = get_reward(shirt(options={"color": ("royal blue",), "size": ("large",)}), GOAL,
-                   {"color": "royal blue", "size": "large"})
+    r = get_reward(
+        shirt(options={"color": ("royal blue",), "size": ("large",)}), GOAL, {"color": "royal blue", "size": "large"}
+    )
     assert r.n_opt == 2
 
 
 def test_wrong_type_with_no_shared_title_word_scores_zero():
-    lamp = shirt(title="Hearthly Dimmable LED Desk Lamp", query="led desk lamp",
-                 product_category="Home & Kitchen › Lighting & Ceiling Fans › Lamps & Shades › Desk Lamps")
+    lamp = shirt(
+        title="Hearthly Dimmable LED Desk Lamp",
+        query="led desk lamp",
+        product_category="Home & Kitchen › Lighting & Ceiling Fans › Lamps & Shades › Desk Lamps",
+    )
     r = get_reward(lamp, GOAL, {"color": "navy blue", "size": "large"})
     assert r.title_score == 0.0 and r.r_type == 0.0 and r.total == 0.0
 
 
 def test_unmatched_type_with_some_title_overlap_halves_the_reward():
     # Other query, one shared category level, title overlap 1/6 (in (0.1, 0.2]): r_type = 0.5.
-    other = shirt(title="Cotton Tote Bag", query="tote bag",
-                  product_category="Clothing, Shoes & Jewelry › Women › Handbags")
+    other = shirt(
+        title="Cotton Tote Bag", query="tote bag", product_category="Clothing, Shoes & Jewelry › Women › Handbags"
+    )
     r = get_reward(other, GOAL, {"color": "navy blue", "size": "large"})
     assert r.title_score == pytest.approx(1 / 6) and r.r_type == 0.5 and r.total == pytest.approx(0.5)
 
@@ -155,18 +183,21 @@ def test_episode_ends_after_max_turns_with_every_criterion_failed():
         env.step(act("search[x]"))
 
 
-@pytest.mark.parametrize("response", [
-    act("click[nonexistent]"),
-    act("click[buy now]"),  # not on the search page
-    act("search"),
-    act("jump[over]"),
-    act("click[]"),
-    "search[shampoo]",  # no tags
-    "<action>search[shampoo]</action>",  # no think block
-    "<think>a</think><action>search[a]</action><action>search[b]</action>",
-    "\x00garbage" * 50,
-    "",
-])
+@pytest.mark.parametrize(
+    "response",
+    [
+        act("click[nonexistent]"),
+        act("click[buy now]"),  # not on the search page
+        act("search"),
+        act("jump[over]"),
+        act("click[]"),
+        "search[shampoo]",  # no tags
+        "<action>search[shampoo]</action>",  # no think block
+        "<think>a</think><action>search[a]</action><action>search[b]</action>",
+        "\x00garbage" * 50,
+        "",
+    ],
+)
 def test_malformed_or_unavailable_actions_are_invalid_no_ops(response):
     env = env_for(2)
     before_obs, before_state = env._obs, repr(env.engine.state)
@@ -195,8 +226,15 @@ def test_every_page_starts_with_the_instruction_and_uses_sep():
     instruction = env.task_text
     pages = [env._obs.text]
     plan = env.expert_actions()
-    for a in [plan[0], plan[-len(env.goal.options) - 2], "click[features]", "click[< prev]", "click[description]",
-              "click[< prev]", "click[reviews]"]:
+    for a in [
+        plan[0],
+        plan[-len(env.goal.options) - 2],
+        "click[features]",
+        "click[< prev]",
+        "click[description]",
+        "click[< prev]",
+        "click[reviews]",
+    ]:
         r = env.step(act(a))
         assert r.action_valid, (a, r.info)
         pages.append(r.observation.text)
@@ -297,15 +335,18 @@ def test_task_type_is_the_top_level_category():
 
 
 # ----- options, prompt, bank, adapter ----------------------------------------------------------
-@pytest.mark.parametrize("options, match", [
-    ({"nope": 1}, "unknown webshop option"),
-    ({"n_products": 10}, "n_products"),
-    ({"max_turns": 0}, "max_turns"),
-    ({"reward_mode": "dense"}, "reward_mode"),
-    ({"success_reward": 0}, "success_reward"),
-    ({"n_tasks": 0}, "n_tasks"),
-    ({"reject_cjk": "yes"}, "reject_cjk"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"nope": 1}, "unknown webshop option"),
+        ({"n_products": 10}, "n_products"),
+        ({"max_turns": 0}, "max_turns"),
+        ({"reward_mode": "dense"}, "reward_mode"),
+        ({"success_reward": 0}, "success_reward"),
+        ({"n_tasks": 0}, "n_tasks"),
+        ({"reject_cjk": "yes"}, "reject_cjk"),
+    ],
+)
 def test_bad_options_are_clear_errors(options, match):
     with pytest.raises(ValueError, match=match):
         make_env("webshop", options, split="train")

@@ -1,4 +1,5 @@
 """WeightPacket through pickle protocol 5, the way Ray's object store moves it."""
+
 import pickle
 
 import pytest
@@ -9,10 +10,12 @@ from pipeline.distributed.weight_sync import WeightSyncError, pack, verify
 
 def _state_dict():
     g = torch.Generator().manual_seed(0)
-    return {"embed": torch.randn(512, 64, generator=g).to(torch.bfloat16),
-            "proj": torch.randn(64, 64, generator=g).t(),  # not contiguous
-            "norm": torch.randn(8, generator=g),
-            "steps": torch.tensor([3], dtype=torch.int64)}
+    return {
+        "embed": torch.randn(512, 64, generator=g).to(torch.bfloat16),
+        "proj": torch.randn(64, 64, generator=g).t(),  # not contiguous
+        "norm": torch.randn(8, generator=g),
+        "steps": torch.tensor([3], dtype=torch.int64),
+    }
 
 
 def test_a_packet_round_trips_bit_exactly_with_its_tensors_out_of_band():

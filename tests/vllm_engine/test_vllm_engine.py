@@ -13,6 +13,7 @@ What is checked against what:
 Skipped where vLLM is not installed (the main .venv), unless PRIVY_REQUIRE_VLLM=1 (set by
 ``make test-vllm``), where a missing vLLM fails instead.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,10 +24,10 @@ import torch
 if os.environ.get("PRIVY_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm")
 
-from actors.engines.base import FinishReason  # noqa: E402
-from actors.engines.vllm import VLLMEngine, cpu_bind, request_seed  # noqa: E402
-from pipeline.algorithm.logprobs import response_logprobs  # noqa: E402
-from pipeline.models import load_model  # noqa: E402
+from actors.engines.base import FinishReason
+from actors.engines.vllm import VLLMEngine, cpu_bind, request_seed
+from pipeline.algorithm.logprobs import response_logprobs
+from pipeline.models import load_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -74,8 +75,9 @@ def test_request_seeds_are_distinct_and_reproducible():
 
 def test_cpu_bind_splits_the_allowed_cores():
     n = len(os.sched_getaffinity(0))
-    assert cpu_bind(1) == (f"{min(os.sched_getaffinity(0))}-{max(os.sched_getaffinity(0))}" if n > 1
-                           else str(min(os.sched_getaffinity(0))))
+    assert cpu_bind(1) == (
+        f"{min(os.sched_getaffinity(0))}-{max(os.sched_getaffinity(0))}" if n > 1 else str(min(os.sched_getaffinity(0)))
+    )
     if n >= 2:
         parts = cpu_bind(2).split("|")
         assert len(parts) == 2 and parts[0] != parts[1]
@@ -205,11 +207,14 @@ def test_tensor_parallel_2_engine_matches_and_reloads(tiny_model_dir, hf_model):
     """TP=2 with vLLM's own worker processes (on CPU: one core range per worker)."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores")
-    eng = VLLMEngine(tiny_model_dir, dtype="fp32", max_model_len=512, kv_cache_gb=1, in_process=False,
-                     tensor_parallel_size=2)
+    eng = VLLMEngine(
+        tiny_model_dir, dtype="fp32", max_model_len=512, kv_cache_gb=1, in_process=False, tensor_parallel_size=2
+    )
     prompts = [_chat(eng.tokenizer, "heat the apple")]
-    assert _gap(hf_model, prompts, eng.generate(prompts, max_new_tokens=8, temperature=1.0, seed=1), 1.0) \
+    assert (
+        _gap(hf_model, prompts, eng.generate(prompts, max_new_tokens=8, temperature=1.0, seed=1), 1.0)
         < PARITY_ATOL_FP32
+    )
     original = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
     perturbed = _perturbed(original, 2)
     eng.load_state_dict(perturbed, version=1)

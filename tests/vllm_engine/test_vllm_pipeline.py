@@ -6,6 +6,7 @@ w = exp(learner - engine log-prob) of the (single) mini-batch must be 1 on every
 the log-prob parity test of the DeepSpeed learner against vLLM, through the real actors and the
 real weight sync (after each in-place reload of the engine's weights).
 """
+
 from __future__ import annotations
 
 import os
@@ -15,20 +16,33 @@ import pytest
 if os.environ.get("PRIVY_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm")
 
-from pipeline.tools.cli import compose  # noqa: E402
-from pipeline.orchestration.run import run_training  # noqa: E402
+from pipeline.orchestration.run import run_training
+from pipeline.tools.cli import compose
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 
 @pytest.mark.parametrize("weight_sync", ["object_store", "collective"])
 def test_vllm_rollouts_train_and_match_the_learner(ray_local, tmp_path, tiny_model_dir, weight_sync):
-    cfg = compose([f"cluster.weight_sync={weight_sync}", "model=tiny", "env=keyword", "rollout=vllm",
-                   "rollout.precision=fp32",
-                   "rollout.vllm.kv_cache_gb=1", "learner.precision=fp32", "learner.lr=1e-4",
-                   "rollout.max_new_tokens=12", "rollout.group_size=4", "trainer.groups_per_step=2",
-                   "trainer.total_steps=3", "trainer.val_every=0", "trainer.ckpt_every=0",
-                   "logger.progress=false"])
+    cfg = compose(
+        [
+            f"cluster.weight_sync={weight_sync}",
+            "model=tiny",
+            "env=keyword",
+            "rollout=vllm",
+            "rollout.precision=fp32",
+            "rollout.vllm.kv_cache_gb=1",
+            "learner.precision=fp32",
+            "learner.lr=1e-4",
+            "rollout.max_new_tokens=12",
+            "rollout.group_size=4",
+            "trainer.groups_per_step=2",
+            "trainer.total_steps=3",
+            "trainer.val_every=0",
+            "trainer.ckpt_every=0",
+            "logger.progress=false",
+        ]
+    )
     assert cfg.rollout.engine == "vllm"
     history = run_training(cfg, tmp_path)
     assert len(history) == 3

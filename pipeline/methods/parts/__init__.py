@@ -15,6 +15,7 @@ Each part is a small class with an ``Options`` dataclass (defaults and a ``valid
 by ``@part``; a preset is a YAML naming one kind per slot plus option values, so a new combination
 costs a YAML and a new kind of part costs one class here.
 """
+
 from __future__ import annotations
 
 from pipeline.methods.parts.base import DEFAULT_KINDS, PARTS, SLOTS, Part, Setting, part
@@ -22,12 +23,12 @@ from pipeline.methods.parts.base import DEFAULT_KINDS, PARTS, SLOTS, Part, Setti
 
 def load_parts() -> None:
     """Import the modules that register parts."""
-    import pipeline.methods.parts.advantage  # noqa: F401
-    import pipeline.methods.parts.context  # noqa: F401
-    import pipeline.methods.parts.reward  # noqa: F401
-    import pipeline.methods.parts.schedule  # noqa: F401
-    import pipeline.methods.parts.select  # noqa: F401
-    import pipeline.methods.parts.signal  # noqa: F401
+    import pipeline.methods.parts.advantage
+    import pipeline.methods.parts.context
+    import pipeline.methods.parts.reward
+    import pipeline.methods.parts.schedule
+    import pipeline.methods.parts.select
+    import pipeline.methods.parts.signal
     import pipeline.methods.parts.teacher  # noqa: F401
 
 

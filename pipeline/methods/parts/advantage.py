@@ -6,6 +6,7 @@
 - ``gigpo``: ``A = A_E + step_weight * A_S``, anchor-state step advantages with discount ``gamma``
   over identical (or, with ``similarity_threshold``, near-identical) observations.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,12 @@ class Grpo(Part):
             check_types(self, method)
 
     def advantages(self, rows: list[RowInput]) -> RowAdvantages:
-        return grpo_advantages(rows, invalid_penalty=self.setting.invalid_action_penalty,
-                               mean_std_across_rows=self.opts.mean_std_across_rows, norm_std=self.opts.norm_std)
+        return grpo_advantages(
+            rows,
+            invalid_penalty=self.setting.invalid_action_penalty,
+            mean_std_across_rows=self.opts.mean_std_across_rows,
+            norm_std=self.opts.norm_std,
+        )
 
 
 @part
@@ -49,11 +54,19 @@ class Gigpo(Part):
             require(0.0 <= self.gamma <= 1.0, f"method={method}: method.gamma={self.gamma} must be in [0, 1]")
             require(self.step_weight >= 0.0, f"method={method}: method.step_weight={self.step_weight} must be >= 0")
             t = self.similarity_threshold
-            require(t is None or 0.0 < t < 1.0,
-                    f"method={method}: method.similarity_threshold={t} must be in (0, 1), or null for exact anchors")
+            require(
+                t is None or 0.0 < t < 1.0,
+                f"method={method}: method.similarity_threshold={t} must be in (0, 1), or null for exact anchors",
+            )
 
     def advantages(self, rows: list[RowInput]) -> RowAdvantages:
         o = self.opts
-        return gigpo_advantages(rows, invalid_penalty=self.setting.invalid_action_penalty, gamma=o.gamma,
-                                step_weight=o.step_weight, similarity_threshold=o.similarity_threshold,
-                                mean_std_across_rows=o.mean_std_across_rows, norm_std=o.norm_std)
+        return gigpo_advantages(
+            rows,
+            invalid_penalty=self.setting.invalid_action_penalty,
+            gamma=o.gamma,
+            step_weight=o.step_weight,
+            similarity_threshold=o.similarity_threshold,
+            mean_std_across_rows=o.mean_std_across_rows,
+            norm_std=o.norm_std,
+        )

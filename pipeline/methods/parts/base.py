@@ -1,4 +1,5 @@
 """The base of every part, the slots, and the registry ``@part`` fills (see ``pipeline.methods.parts``)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,8 +7,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 SLOTS = ("reward", "advantage", "teacher", "context", "student", "select", "signal", "schedule")
-DEFAULT_KINDS = {"reward": "env", "advantage": "grpo", "teacher": "none", "context": "none", "student": "plain",
-                 "select": "all", "signal": "none", "schedule": "constant"}
+DEFAULT_KINDS = {
+    "reward": "env",
+    "advantage": "grpo",
+    "teacher": "none",
+    "context": "none",
+    "student": "plain",
+    "select": "all",
+    "signal": "none",
+    "schedule": "constant",
+}
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@
 ``student``: ``plain`` prompts, or ``context`` = the student's own prompts carry the same context
 (``skill_grpo``, RetireOPD's phase 1).
 """
+
 from __future__ import annotations
 
 from pipeline.context.providers import PROVIDERS, ContextProvider

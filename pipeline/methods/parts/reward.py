@@ -10,6 +10,7 @@
   term). Ablation ``criterion_reward: false``: ``R = success_weight * won``. Metrics
   ``<prefix>/reward_mean`` and ``<prefix>/pass/<criterion>`` (pass rate).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,10 @@ class CriteriaReward(Part):
 
         def validate(self, method: str) -> None:
             check_types(self, method)
-            require(self.success_weight >= 0.0 and self.criteria_weight >= 0.0,
-                    f"method={method}: method.success_weight and method.criteria_weight must be >= 0")
+            require(
+                self.success_weight >= 0.0 and self.criteria_weight >= 0.0,
+                f"method={method}: method.success_weight and method.criteria_weight must be >= 0",
+            )
             bad = {k: v for k, v in dict(self.criterion_weights).items() if not isinstance(v, (int, float)) or v < 0}
             require(not bad, f"method={method}: method.criterion_weights {bad} must be numbers >= 0")
 

@@ -13,6 +13,7 @@
   given the privileged context measured at that validation. ``trainer.val_every`` must equal
   ``window``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -72,15 +73,25 @@ class Window(Schedule):
         def validate(self, method: str) -> None:
             check_types(self, method)
             require(self.warmup_steps >= 0, f"method={method}: method.warmup_steps={self.warmup_steps} must be >= 0")
-            require(self.active_steps is None or self.active_steps >= 1,
-                    f"method={method}: method.active_steps={self.active_steps} must be >= 1, or null for no end")
-            require(self.entropy_coef_active >= 0.0 and self.entropy_coef_idle >= 0.0,
-                    f"method={method}: method.entropy_coef_active and method.entropy_coef_idle must be >= 0")
+            require(
+                self.active_steps is None or self.active_steps >= 1,
+                f"method={method}: method.active_steps={self.active_steps} must be >= 1, or null for no end",
+            )
+            require(
+                self.entropy_coef_active >= 0.0 and self.entropy_coef_idle >= 0.0,
+                f"method={method}: method.entropy_coef_active and method.entropy_coef_idle must be >= 0",
+            )
 
     def _at(self, step: int):
         o = self.opts
-        return adrs_schedule(step + 1, eta=1.0, warmup_steps=o.warmup_steps, active_steps=o.active_steps,
-                             entropy_coef_active=o.entropy_coef_active, entropy_coef_idle=o.entropy_coef_idle)
+        return adrs_schedule(
+            step + 1,
+            eta=1.0,
+            warmup_steps=o.warmup_steps,
+            active_steps=o.active_steps,
+            entropy_coef_active=o.entropy_coef_active,
+            entropy_coef_idle=o.entropy_coef_idle,
+        )
 
     def scale(self, step: int) -> float:
         return self._at(step).eta_s
@@ -104,16 +115,21 @@ class Retirement(Schedule):
 
         def validate(self, method: str) -> None:
             check_types(self, method)
-            require(math.isfinite(self.gamma) and self.gamma > 0.0,
-                    f"method={method}: method.gamma={self.gamma} must be > 0 (paper range 0.80-0.96)")
-            require(math.isfinite(self.delta),
-                    f"method={method}: method.delta={self.delta} must be finite (paper range -0.10-0.04)")
+            require(
+                math.isfinite(self.gamma) and self.gamma > 0.0,
+                f"method={method}: method.gamma={self.gamma} must be > 0 (paper range 0.80-0.96)",
+            )
+            require(
+                math.isfinite(self.delta),
+                f"method={method}: method.delta={self.delta} must be finite (paper range -0.10-0.04)",
+            )
             require(self.window >= 1, f"method={method}: method.window={self.window} must be >= 1")
 
     def __init__(self, opts, setting):
         super().__init__(opts, setting)
-        self.controller = RetirementController(teacher_success_rate=None, window=opts.window, delta=opts.delta,
-                                               gamma=opts.gamma, prefix=setting.prefix)
+        self.controller = RetirementController(
+            teacher_success_rate=None, window=opts.window, delta=opts.delta, gamma=opts.gamma, prefix=setting.prefix
+        )
 
     @property
     def retired(self) -> bool:
@@ -127,9 +143,11 @@ class Retirement(Schedule):
 
     def check(self, step: int) -> None:
         if self.controller.needs_validation:
-            raise RuntimeError(f"{self.setting.method}: a window of {self.opts.window} steps ended before step "
-                               f"{step + 1} without a validation; set trainer.val_every={self.opts.window} "
-                               "(= method.window)")
+            raise RuntimeError(
+                f"{self.setting.method}: a window of {self.opts.window} steps ended before step "
+                f"{step + 1} without a validation; set trainer.val_every={self.opts.window} "
+                "(= method.window)"
+            )
 
     def after_train_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         key = f"{self.setting.prefix}/alignment"

@@ -6,6 +6,7 @@
   criterion). ``distill_thinking: true``: all tokens of such a row; ``false``: only those from
   ``thinking_len`` on (the response after ``</think>``). Only selected rows are scored.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,8 +47,7 @@ class FailedTurns(Part):
         return self.opts.always_on
 
     def selected(self, episode: Episode, row: TurnRecord) -> bool:
-        return any(not c.passed and (self.opts.always_on or c.failing_turn == row.turn_index)
-                   for c in episode.criteria)
+        return any(not c.passed and (self.opts.always_on or c.failing_turn == row.turn_index) for c in episode.criteria)
 
     def token_mask(self, episode: Episode, row: TurnRecord) -> list[float]:
         if not self.selected(episode, row):

@@ -31,6 +31,7 @@
   from centred teacher scores and the TVA gate (``pipeline.algorithm.advantages.adrs_advantages``);
   ``level: L2`` on a ``grpo`` advantage (unit = row), ``L3`` on ``gigpo`` (unit = anchor step).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,15 +72,23 @@ class AuxLoss(Part):
 
         def validate(self, method: str) -> None:
             check_types(self, method)
-            require(self.estimator in ESTIMATORS,
-                    f"method={method}: method.estimator={self.estimator!r}; choose one of {list(ESTIMATORS)}")
+            require(
+                self.estimator in ESTIMATORS,
+                f"method={method}: method.estimator={self.estimator!r}; choose one of {list(ESTIMATORS)}",
+            )
             require(self.lam >= 0.0, f"method={method}: method.lam={self.lam} must be >= 0")
-            require(self.weight in WEIGHTS, f"method={method}: method.weight={self.weight!r}; choose one of {list(WEIGHTS)}")
-            require(math.isfinite(self.beta) and self.beta >= 0.0,
-                    f"method={method}: method.beta={self.beta} must be a finite number >= 0")
+            require(
+                self.weight in WEIGHTS, f"method={method}: method.weight={self.weight!r}; choose one of {list(WEIGHTS)}"
+            )
+            require(
+                math.isfinite(self.beta) and self.beta >= 0.0,
+                f"method={method}: method.beta={self.beta} must be a finite number >= 0",
+            )
             require(self.pg_coef >= 0.0, f"method={method}: method.pg_coef={self.pg_coef} must be >= 0")
-            require(not (self.weight == "gate" and self.estimator == "full_kl"),
-                    f"method={method}: method.weight=gate is for the sampled estimators; full_kl is exact")
+            require(
+                not (self.weight == "gate" and self.estimator == "full_kl"),
+                f"method={method}: method.weight=gate is for the sampled estimators; full_kl is exact",
+            )
 
     @property
     def learner_side(self) -> bool:
@@ -165,7 +174,9 @@ class Imitate(Part):
         credit.aux["distill_mask"] = mask
         # the nll term is a token sum over the batch's tokens: rescaled, it is lam x the mean NLL
         # per demonstration token (exact at learner.mini_batches=1; per step otherwise)
-        credit.aux_terms = [AuxTerm(name=self.setting.prefix, kind="nll", coef=self.opts.lam * job.scale * n_all / n_demo)]
+        credit.aux_terms = [
+            AuxTerm(name=self.setting.prefix, kind="nll", coef=self.opts.lam * job.scale * n_all / n_demo)
+        ]
 
 
 LEVELS = ("L2", "L3")
@@ -191,14 +202,20 @@ class Shaping(Part):
         def validate(self, method: str) -> None:
             check_types(self, method)
             require(self.level in LEVELS, f"method={method}: method.level={self.level!r}; choose one of {list(LEVELS)}")
-            require(self.tva_apply in TVA_APPLY,
-                    f"method={method}: method.tva_apply={self.tva_apply!r}; choose one of {list(TVA_APPLY)}")
-            require(self.std_mode in STD_MODES,
-                    f"method={method}: method.std_mode={self.std_mode!r}; choose one of {list(STD_MODES)}")
+            require(
+                self.tva_apply in TVA_APPLY,
+                f"method={method}: method.tva_apply={self.tva_apply!r}; choose one of {list(TVA_APPLY)}",
+            )
+            require(
+                self.std_mode in STD_MODES,
+                f"method={method}: method.std_mode={self.std_mode!r}; choose one of {list(STD_MODES)}",
+            )
             require(self.tau >= 0.0, f"method={method}: method.tau={self.tau} must be >= 0")
             require(self.T > 0.0, f"method={method}: method.T={self.T} must be > 0")
-            require(self.clip is None or self.clip > 0.0,
-                    f"method={method}: method.clip={self.clip} must be > 0, or null for no clip")
+            require(
+                self.clip is None or self.clip > 0.0,
+                f"method={method}: method.clip={self.clip} must be > 0, or null for no clip",
+            )
             require(self.eta >= 0.0, f"method={method}: method.eta={self.eta} must be >= 0")
 
     learner_side = False
@@ -215,11 +232,21 @@ class Shaping(Part):
         gigpo = job.advantage_part.kind == "gigpo"
         teacher, _ = job.teacher_logprobs()
         per_token, m = adrs_advantages(
-            job.rows, teacher, job.base, eta_s=eta_s, level=o.level, tva_apply=o.tva_apply, std_mode=o.std_mode,
-            temperature=o.T, tau=o.tau, clip=o.clip, adaptive_clip=o.adaptive_clip,
+            job.rows,
+            teacher,
+            job.base,
+            eta_s=eta_s,
+            level=o.level,
+            tva_apply=o.tva_apply,
+            std_mode=o.std_mode,
+            temperature=o.T,
+            tau=o.tau,
+            clip=o.clip,
+            adaptive_clip=o.adaptive_clip,
             invalid_penalty=self.setting.invalid_action_penalty,
             gamma=job.advantage_part.opts.gamma if gigpo else 0.95,
-            similarity_threshold=job.advantage_part.opts.similarity_threshold if gigpo else None)
+            similarity_threshold=job.advantage_part.opts.similarity_threshold if gigpo else None,
+        )
         job.credit.advantages = [t.tolist() for t in per_token]
         job.credit.metrics.update(m)
 
@@ -228,14 +255,22 @@ def check_signal(signal: Part, advantage: Part, teacher: Part, method: str) -> N
     """Combinations of parts the signal cannot work with."""
     if signal.kind == "shaping":
         want = "gigpo" if signal.opts.level == "L3" else "grpo"
-        require(advantage.kind == want, f"method={method}: method.level={signal.opts.level} shapes a {want} "
-                f"advantage; set method.parts.advantage={want}")
+        require(
+            advantage.kind == want,
+            f"method={method}: method.level={signal.opts.level} shapes a {want} "
+            f"advantage; set method.parts.advantage={want}",
+        )
     if signal.kind == "aux" and signal.opts.estimator == "full_kl":
-        require(teacher.kind == "self", f"method={method}: estimator full_kl runs the teacher in the learner with "
-                "the current weights: it needs parts.teacher=self")
+        require(
+            teacher.kind == "self",
+            f"method={method}: estimator full_kl runs the teacher in the learner with "
+            "the current weights: it needs parts.teacher=self",
+        )
     if signal.kind not in ("none", "null", "imitate"):  # the two controls have no teacher
-        require(teacher.kind != "none", f"method={method}: signal {signal.kind} needs a teacher "
-                "(parts.teacher=self or frozen)")
+        require(
+            teacher.kind != "none",
+            f"method={method}: signal {signal.kind} needs a teacher (parts.teacher=self or frozen)",
+        )
 
 
 __all__ = ["ESTIMATORS", "check_signal"]

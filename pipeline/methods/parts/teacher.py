@@ -10,6 +10,7 @@
   context is SR_T, written to ``teacher.json`` beside its HF weights (RetireOPD: one command runs
   both phases).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,9 +34,11 @@ def write_teacher_meta(hf_dir: str | Path, success_rate: float, **extra) -> Path
 def read_teacher_success_rate(hf_dir: str | Path) -> float:
     path = Path(hf_dir) / TEACHER_META
     if not path.exists():
-        raise ValueError(f"method.teacher_success_rate is null and {path} does not exist; set "
-                         "method.teacher_success_rate=<SR_T> or point method.teacher_path at a phase-1 teacher "
-                         "exported by the two-phase command")
+        raise ValueError(
+            f"method.teacher_success_rate is null and {path} does not exist; set "
+            "method.teacher_success_rate=<SR_T> or point method.teacher_path at a phase-1 teacher "
+            "exported by the two-phase command"
+        )
     return float(json.loads(path.read_text())["success_rate"])
 
 
@@ -65,11 +68,15 @@ class FrozenTeacher(Part):
         def validate(self, method: str) -> None:
             check_types(self, method)
             sr = self.teacher_success_rate
-            require(sr is None or 0.0 <= sr <= 1.0,
-                    f"method={method}: method.teacher_success_rate={sr} must be in [0, 1] or null")
+            require(
+                sr is None or 0.0 <= sr <= 1.0,
+                f"method={method}: method.teacher_success_rate={sr} must be in [0, 1] or null",
+            )
             require(self.phase1_steps >= 1, f"method={method}: method.phase1_steps={self.phase1_steps} must be >= 1")
-            require(self.teacher_path is None or bool(str(self.teacher_path)),
-                    f"method={method}: method.teacher_path is empty; use null to train the teacher first")
+            require(
+                self.teacher_path is None or bool(str(self.teacher_path)),
+                f"method={method}: method.teacher_path is empty; use null to train the teacher first",
+            )
 
     def __init__(self, opts, setting):
         super().__init__(opts, setting)
