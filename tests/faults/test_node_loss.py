@@ -18,26 +18,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from test_actor_restart import ARGS, STEPS  # the same short SDAR run as the single-node restart tests
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 8
-ARGS = [
-    "model=tiny",
-    "env=keyword",
-    "method=sdar",
-    f"trainer.total_steps={STEPS}",
-    "trainer.groups_per_step=1",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=16",
-    "trainer.val_every=0",
-    "trainer.ckpt_every=0",
-    "logger.progress=false",
-    "learner.precision=fp32",
-    "rollout.precision=fp32",
-    "scorer.precision=fp32",
-]
 # The nodes take the host's address: a driver joining a cluster (cluster.address) replaces a
 # loopback address by it, as on any real cluster.
 NODE = {"num_cpus": 1, "object_store_memory": 200 * 1024 * 1024}

@@ -94,32 +94,36 @@ LONG = [
 
 
 @pytest.mark.integration
-def test_ctrl_c_finishes_the_step_checkpoints_and_the_run_resumes(tmp_path):
+@pytest.mark.parametrize(
+    "signame, extra, status", [("SIGINT", [], 130), ("SIGTERM", ["trainer.stop_grace_s=0.01"], 143)]
+)
+def test_a_stop_signal_checkpoints_the_last_completed_step_and_the_run_resumes(tmp_path, signame, extra, status):
+    """Ctrl-C finishes the step it lands in. SIGTERM is a cluster's stop (`ray job stop`, a
+    preemption: SIGKILL after a grace): with a grace far shorter than a step, a step still in its
+    rollouts is abandoned (its groups kept for the resumed run) and one already in its update is
+    finished. Either way the checkpoint is of the last step in metrics.jsonl, the exit status is the
+    shell's for the signal and the message says how to resume; the resumed run trains the next step."""
     import json
     import signal
 
     run_dir = tmp_path / "run"
-    proc = _launch([*LONG, f"trainer.run_dir={run_dir}"], tmp_path)
+    proc = _launch([*LONG, f"trainer.run_dir={run_dir}", *extra], tmp_path)
     seen = _wait_for_steps(run_dir / "metrics.jsonl", 2, proc)
-    proc.send_signal(signal.SIGINT)  # most of a tiny step is rollout: the signal lands in one
+    proc.send_signal(getattr(signal, signame))  # most of a tiny step is rollout: the signal lands in one
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == status, err[-3000:]
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= seen
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     assert latest == f"step_{steps[-1]:06d}", "the checkpoint is not of the last finished step"
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    abandoned = [e["step"] for e in events if e["event"] == "step_abandoned"]
+    assert abandoned in ([], [steps[-1] + 1]) and (signame == "SIGTERM" or not abandoned)
+    assert (f"step_abandoned: step={steps[-1] + 1}" in err) == bool(abandoned)
     assert f"stopped after step {steps[-1]} of 500" in err and f"trainer.resume={run_dir}" in err
     assert "Traceback" not in err
-    resumed = train(
-        [
-            *LONG[:2],
-            f"trainer.total_steps={steps[-1] + 1}",
-            *LONG[3:],
-            f"trainer.run_dir={run_dir}",
-            f"trainer.resume={run_dir}",
-        ],
-        tmp_path,
-    )
+    more = [*LONG[:2], f"trainer.total_steps={steps[-1] + 1}", *LONG[3:], f"trainer.run_dir={run_dir}"]
+    resumed = train([*more, f"trainer.resume={run_dir}"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == steps[-2] + 1
@@ -139,42 +143,3 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "privy-rl: interrupted" in err and "Traceback" not in err
-
-
-@pytest.mark.integration
-def test_sigterm_with_a_short_grace_checkpoints_the_last_completed_step_and_the_run_resumes(tmp_path):
-    """A cluster's stop (`ray job stop`, a preemption): SIGTERM, SIGKILL after the grace. With a
-    grace far shorter than a step, a step still in its rollouts is abandoned (its groups are kept
-    for the resumed run) and one already in its update is finished; either way the checkpoint is
-    of the last step in metrics.jsonl, the exit status is 143 and the message says how to resume."""
-    import json
-    import signal
-
-    run_dir = tmp_path / "run"
-    proc = _launch([*LONG, f"trainer.run_dir={run_dir}", "trainer.stop_grace_s=0.01"], tmp_path)
-    _wait_for_steps(run_dir / "metrics.jsonl", 2, proc)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 143, err[-3000:]
-    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, len(steps) + 1))
-    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{steps[-1]:06d}"
-    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-    abandoned = [e for e in events if e["event"] == "step_abandoned"]
-    assert [e["step"] for e in abandoned] in ([], [steps[-1] + 1])
-    assert (f"step_abandoned: step={steps[-1] + 1}" in err) == bool(abandoned)
-    assert f"stopped after step {steps[-1]} of 500" in err and f"trainer.resume={run_dir}" in err
-    assert "Traceback" not in err
-    resumed = train(
-        [
-            *LONG[:2],
-            f"trainer.total_steps={steps[-1] + 1}",
-            *LONG[3:],
-            f"trainer.run_dir={run_dir}",
-            f"trainer.resume={run_dir}",
-        ],
-        tmp_path,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps[-1] == steps[-2] + 1
