@@ -177,7 +177,7 @@ class Controller:
         completed step; the error then says where to resume. Bounded by the learner's own timeout."""
         if self.checkpointer is None or trainer.done():
             return
-        self.request_stop(deadline=time.monotonic())
+        self._stop.set(time.monotonic())  # not request_stop: after a Ctrl-C that would abort, unsaved
         limit = self.cfg.learner.call_timeout_s or None
         done, _ = await asyncio.wait([trainer], timeout=limit and 2 * limit + 60)
         if trainer in done and not trainer.cancelled() and trainer.exception() is None and self.state.step:
