@@ -10,8 +10,9 @@ import threading
 
 
 def actor_pid(driver_pid: int, cls: str) -> int | None:
-    """The live process of the Ray actor of class ``cls`` among the driver's descendants (Ray
-    titles an actor's process ``ray::<Class>`` or ``ray::<Class>.<method>``)."""
+    """The live process of the Ray actor of class ``cls`` among the descendants of ``driver_pid``
+    (a driver that started its own Ray, or a node's raylet); Ray titles an actor's process
+    ``ray::<Class>`` or ``ray::<Class>.<method>``."""
     import psutil
 
     try:

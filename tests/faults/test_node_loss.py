@@ -16,9 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from test_actor_restart import ARGS, STEPS  # the same short SDAR run as the single-node restart tests
+
+from pipeline.tools.faults import actor_pid
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,6 +27,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # The nodes take the host's address: a driver joining a cluster (cluster.address) replaces a
 # loopback address by it, as on any real cluster.
 NODE = {"num_cpus": 1, "object_store_memory": 200 * 1024 * 1024}
+
+
+def _driver_env() -> dict[str, str]:
+    """The driver joins the cluster through cluster.address, never an inherited RAY_ADDRESS."""
+    return {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
 
 
 def _raylet_pid(node) -> int:
@@ -36,17 +42,7 @@ def _raylet_pid(node) -> int:
 
 def _actor_on(node, cls: str) -> int | None:
     """The live process of the actor of class ``cls`` that ``node``'s raylet started, if any."""
-    try:
-        children = psutil.Process(_raylet_pid(node)).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return None
-    for p in children:
-        try:
-            if " ".join(p.cmdline()).startswith(f"ray::{cls}") and p.status() != psutil.STATUS_ZOMBIE:
-                return p.pid
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return None
+    return actor_pid(_raylet_pid(node), cls)
 
 
 def _wait(cond, what: str, proc, timeout: float = 300):
@@ -71,7 +67,7 @@ def test_the_node_of_the_rollout_worker_is_lost_and_the_worker_comes_back_on_ano
     try:
         learner_node = cluster.add_node(**NODE)
         run_dir = tmp_path / "run"
-        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+        env = _driver_env()
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -125,7 +121,7 @@ def test_the_node_of_the_learner_is_lost_and_the_run_stops_naming_it_then_contin
     proc = None
     try:
         learner_node = cluster.add_node(**NODE)
-        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+        env = _driver_env()
         cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *args, f"cluster.address={cluster.address}"]
         proc = subprocess.Popen(
             cmd,
