@@ -2,7 +2,7 @@
 
 Method-blind: it runs the policy loss (PPO clip + dual clip, with the configured off-policy
 correction), the entropy bonus, an optional k3 KL to the frozen initial policy, and whatever
-auxiliary terms the batch carries (looked up by kind in ``pipeline.algorithm.losses.AUX_LOSSES``). It never
+auxiliary terms the batch carries (looked up by kind: ``pipeline.algorithm.losses.aux_loss``). It never
 knows which method built the batch.
 
 One ``train_step`` is one optimizer step per mini-batch. Inside a mini-batch the rows are cut into
@@ -20,75 +20,32 @@ the first update.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
+from actors.learner_setup import copy_tokenizer, ds_config, lr_lambda
+from actors.learner_weights import WeightSource
 from pipeline.algorithm.logprobs import forward_response
 from pipeline.algorithm.losses import (
-    AUX_LOSSES,
     AUX_NEEDS_LOGITS,
     LossInputs,
+    aux_loss,
     entropy_bonus,
     kl_to_reference,
     policy_loss,
 )
 from pipeline.algorithm.metrics import Metrics, Reduce, Stat, combine, mean, reduce_micro_batches, to_report
 from pipeline.core.config import LearnerConfig
-from pipeline.core.hardware import choose_precision, hardware_info, set_threads
+from pipeline.core.hardware import choose_precision
 from pipeline.core.microbatch import null_micro_batch, padded_tokens, sort_by_length, split_by_tokens, to_device
 from pipeline.core.types import TrainBatch
 
 
-def ds_config(cfg: LearnerConfig, dtype: str) -> dict:
-    """The DeepSpeed config for our own micro-batching (batch sizes are nominal); ``dtype`` is
-    the resolved ``learner.precision`` (bf16 = bf16 compute with fp32 master weights)."""
-    conf = {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "managed_gradient_accumulation": False,
-        "gradient_clipping": cfg.grad_clip,
-        "zero_optimization": {"stage": cfg.zero_stage},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-    if dtype == "bf16":
-        conf["bf16"] = {"enabled": True}
-    # ZeRO-Offload: optimizer state (ZeRO >= 1) and parameters (ZeRO-3) in pinned CPU memory.
-    if cfg.offload_optimizer:
-        conf["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if cfg.offload_params:
-        conf["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
-    return conf
-
-
-def lr_lambda(cfg: LearnerConfig, total_steps: int):
-    """The lr multiplier of optimizer step ``k`` (the scheduler steps once per mini-batch).
-
-    ``warmup_steps`` and ``total_steps`` count training steps, each of ``learner.mini_batches``
-    optimizer steps, so the schedule runs over ``total_steps * mini_batches`` optimizer steps:
-    linear warmup over the first ``warmup_steps * mini_batches``, then constant or cosine to 0 at
-    the last one.
-    """
-    per_step = cfg.mini_batches
-    warmup, total = cfg.warmup_steps * per_step, total_steps * per_step
-
-    def f(k: int) -> float:
-        if warmup and k < warmup:
-            return (k + 1) / warmup
-        if cfg.lr_schedule == "cosine":
-            span = max(1, total - warmup)
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, (k - warmup) / span)))
-        return 1.0
-
-    return f
-
-
-class LearnerWorker:
-    """Plain class (testable without Ray); ``LearnerActor`` below is its Ray shell."""
+class LearnerWorker(WeightSource):
+    """Plain class (testable without Ray); ``actors.learner_actor.LearnerActor`` is its Ray shell."""
 
     def __init__(
         self,
@@ -308,8 +265,8 @@ class LearnerWorker:
                 teacher_logits=self._teacher_logits(mb) if needs_logits else None,
             )
             for term in batch.aux_terms:
-                aux_loss, am = AUX_LOSSES[term.kind](inputs, **term.params)
-                loss = loss + term.coef * aux_loss
+                term_loss, am = aux_loss(inputs, term)
+                loss = loss + term.coef * term_loss
                 parts[term.name].append(am)
             parts["learner"].append({"loss": mean(loss)})
             if not torch.isfinite(loss.detach()):
@@ -386,70 +343,6 @@ class LearnerWorker:
             dist.all_reduce(x, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         return x
 
-    # ----- weights out ---------------------------------------------------------------------------
-    def state_dict_for_sync(self, device: str | torch.device = "cpu", copy: bool = True) -> dict[str, torch.Tensor]:
-        """Full fp32 weights on ``device`` (consolidated under ZeRO-3), rank 0 only. Under ZeRO-3
-        every rank must call it (the gather is collective). ``copy=False`` may return the live
-        parameters themselves (fine for a read-only use such as a broadcast)."""
-        if self.cfg.zero_stage == 3:
-            sd = self.engine._zero3_consolidated_16bit_state_dict()
-        else:
-            sd = self.module.state_dict()
-        return {k: v.detach().to(device, copy=copy) for k, v in (sd or {}).items()}
-
-    # Collective route (pipeline/distributed/collective_sync.py): rank 0 is rank 0 of a weight group of its
-    # own; the consumers (rollout workers, a self-teacher scorer) are ranks 1..N.
-    def sync_meta(self):
-        """Ordered (name, dtype, shape) of the weights ``broadcast_weights`` sends (rank 0; other
-        ranks return None). Every rank must call it under ZeRO-3."""
-        from pipeline.distributed.collective_sync import meta_of
-
-        if self.rank != 0 and self.cfg.zero_stage != 3:
-            return None
-        sd = self.state_dict_for_sync(copy=False)
-        if self.rank != 0:
-            return None
-        self._sync_meta = meta_of(sd)  # broadcast_weights refuses a state dict that differs
-        return self._sync_meta
-
-    def init_weight_group(
-        self,
-        host: str,
-        port: int,
-        world_size: int,
-        backend: str,
-        *,
-        bucket_bytes: int,
-        timeout_s: float | None = None,
-        store=None,
-    ) -> str | None:
-        """Rank 0 joins (and hosts, on ``store`` if it bound one already) the weight group as its
-        rank 0; other ranks do nothing. Blocks until every member has joined. Returns the backend
-        in use (rank 0)."""
-        from pipeline.distributed.collective_sync import DEFAULT_TIMEOUT_S, init_group
-
-        if self.rank != 0:
-            return None
-        self._weight_group = init_group(
-            host, port, 0, world_size, backend, timeout_s=timeout_s or DEFAULT_TIMEOUT_S, tcp=store
-        )
-        self._sync_bucket_bytes = bucket_bytes
-        return self._weight_group.backend
-
-    def broadcast_weights(self, version: int) -> dict[str, float] | None:
-        """Every rank calls it (ZeRO-3 gathers collectively); rank 0 broadcasts and returns the
-        stats (seconds, bytes, buckets, gbps). With NCCL the weights go out from the current
-        CUDA device, with gloo from CPU memory."""
-        from pipeline.distributed.collective_sync import broadcast_state_dict
-
-        if self.rank != 0:
-            if self.cfg.zero_stage == 3:
-                self.state_dict_for_sync(copy=False)  # take part in the gather
-            return None
-        group = self._weight_group
-        sd = self.state_dict_for_sync(device=group.device, copy=False)  # read only: no copy
-        return broadcast_state_dict(group, sd, version, self._sync_bucket_bytes, meta=getattr(self, "_sync_meta", None))
-
     # ----- checkpoint ----------------------------------------------------------------------------
     def save_checkpoint(self, ckpt_dir: str, *, hf: bool = True) -> None:
         """DeepSpeed state (model, optimizer, scheduler) + an HF-format model for transformers."""
@@ -465,183 +358,3 @@ class LearnerWorker:
         _, client = self.engine.load_checkpoint(str(Path(ckpt_dir) / "deepspeed"), tag="state")
         self.version = int(client["version"])
         return self.version
-
-
-def copy_tokenizer(model_path: str, out: Path) -> None:
-    import shutil
-
-    for name in os.listdir(model_path):
-        if name.startswith("tokenizer") or name in (
-            "chat_template.jinja",
-            "special_tokens_map.json",
-            "generation_config.json",
-        ):
-            shutil.copy2(os.path.join(model_path, name), out / name)
-
-
-def init_process_group_env(rank: int, world_size: int, master_addr: str, store) -> None:
-    """Form DeepSpeed's process group on ``store`` (rank 0 hosts it, ``rendezvous.host_store``;
-    the others joined it). Runs in the Ray shell, never in ``LearnerWorker.__init__``."""
-    import deepspeed
-    from deepspeed.constants import default_pg_timeout
-
-    # DeepSpeed and its CPU shared-memory collectives still read these.
-    os.environ.update(
-        {
-            "RANK": str(rank),
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(store.port),
-        }
-    )
-    cuda = torch.cuda.is_available()
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
-    if cuda:
-        # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU(s): its device is always local 0.
-        torch.cuda.set_device(0)
-    backend = "nccl" if cuda else "gloo"
-    torch.distributed.init_process_group(
-        backend, store=store, rank=rank, world_size=world_size, timeout=default_pg_timeout
-    )
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the group
-
-
-_RENDEZVOUS_TIMEOUT_S = 900.0  # ranks start as Ray places them: minutes apart on a busy cluster
-
-
-class LearnerActor:
-    """Ray shell of one learner rank: process-group setup, then the plain worker.
-
-    The driver asks rank 0 for ``node_address()`` (rank 0 binds the group's store there and then),
-    then calls ``setup(addr, port)`` on every rank: the ranks meet at rank 0's node wherever Ray
-    placed it (several nodes need a real IP, not loopback). A single rank may be given
-    ``master_addr`` at construction instead and sets itself up at once.
-    """
-
-    def __init__(
-        self,
-        cfg: LearnerConfig,
-        model_path: str,
-        *,
-        temperature: float,
-        total_steps: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        master_addr: str | None = None,
-        threads: int | None = None,
-    ):
-        self._args = dict(
-            cfg=cfg,
-            model_path=model_path,
-            temperature=temperature,
-            total_steps=total_steps,
-            rank=rank,
-            world_size=world_size,
-            seed=seed,
-        )
-        self.worker: LearnerWorker | None = None
-        self.threads = set_threads(threads)
-        self._store = None  # rank 0: the process group's store, bound by node_address
-        self._weight_store = None  # rank 0: the weight group's, bound by weight_group_endpoint
-        if master_addr is not None:
-            if world_size != 1:
-                raise ValueError(
-                    "master_addr at construction is for one rank; several ranks meet through node_address() and setup()"
-                )
-            self.setup(master_addr)
-
-    def node_id(self) -> str:
-        """The Ray node this rank runs on (the driver names it when the rank is lost)."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
-    def node_address(self) -> tuple[str, int]:
-        """Rank 0: this node's IP and the port of the process group's store, bound now."""
-        import ray
-
-        from pipeline.distributed.rendezvous import host_store
-
-        host = ray.util.get_node_ip_address()  # 127.0.0.1 for a run on one machine (start_ray)
-        self._store = host_store(_RENDEZVOUS_TIMEOUT_S, host=host)
-        return host, self._store.port
-
-    def setup(self, master_addr: str, master_port: int | None = None) -> int:
-        """Join the process group (blocks until every rank has joined), build the engine."""
-        from pipeline.distributed.rendezvous import host_store, join_store
-
-        a = self._args
-        if a["rank"] == 0:
-            store = self._store or host_store(_RENDEZVOUS_TIMEOUT_S, host=master_addr)
-        elif master_port is None:
-            raise ValueError(f"learner rank {a['rank']} needs rank 0's master_port")
-        else:
-            store = join_store(master_addr, master_port, _RENDEZVOUS_TIMEOUT_S)
-        init_process_group_env(a["rank"], a["world_size"], master_addr, store)
-        self.threads = set_threads(self.threads)  # the process group setup may have reset it
-        self.worker = LearnerWorker(
-            a["cfg"],
-            a["model_path"],
-            temperature=a["temperature"],
-            total_steps=a["total_steps"],
-            rank=a["rank"],
-            world_size=a["world_size"],
-            seed=a["seed"],
-        )
-        self.worker.setup()
-        return self.worker.version
-
-    def train_step(self, minibatches: list[TrainBatch]) -> dict[str, float]:
-        return self.worker.train_step(minibatches)
-
-    def weight_packet(self, version: int):
-        from pipeline.distributed.weight_sync import pack
-
-        sd = self.worker.state_dict_for_sync()
-        if self.worker.rank != 0:
-            return None
-        packet = pack(sd, version)
-        self._packet_nbytes = packet.nbytes
-        return packet
-
-    def packet_nbytes(self) -> int:
-        """Bytes of the last ``weight_packet`` (for the sync/bytes metric; 0 before the first)."""
-        return getattr(self, "_packet_nbytes", 0)
-
-    # ----- collective weight sync (pipeline/distributed/collective_sync.py) ----------------------------------
-    def weight_group_endpoint(self, backend: str) -> tuple[str, int, str]:
-        """Where the weight group meets: this node's IP (so consumers on other nodes can reach
-        it), the port of its store, bound now, and the backend resolved here (``auto`` -> nccl if this learner
-        sees CUDA, else gloo)."""
-        import ray
-
-        from pipeline.distributed.collective_sync import DEFAULT_TIMEOUT_S, resolve_backend
-        from pipeline.distributed.rendezvous import host_store
-
-        host = ray.util.get_node_ip_address()
-        self._weight_store = host_store(DEFAULT_TIMEOUT_S, host=host)
-        return host, self._weight_store.port, resolve_backend(backend)
-
-    def sync_meta(self):
-        return self.worker.sync_meta()
-
-    def init_weight_group(self, host: str, port: int, world_size: int, backend: str, **kw):
-        return self.worker.init_weight_group(host, port, world_size, backend, store=self._weight_store, **kw)
-
-    def broadcast_weights(self, version: int):
-        return self.worker.broadcast_weights(version)
-
-    def save_checkpoint(self, ckpt_dir: str) -> None:
-        self.worker.save_checkpoint(ckpt_dir)
-
-    def load_checkpoint(self, ckpt_dir: str) -> int:
-        return self.worker.load_checkpoint(ckpt_dir)
-
-    def ping(self) -> int:
-        return self.worker.version
-
-    def hardware(self) -> dict:
-        return hardware_info(self.worker.precision, self.threads)

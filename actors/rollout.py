@@ -39,7 +39,7 @@ from pipeline.distributed.weight_sync import WeightPacket, verify
 
 
 class RolloutWorker:
-    """Plain class (testable without Ray); ``pipeline.orchestration.run`` wraps it with ``ray.remote``."""
+    """Plain class (testable without Ray); ``pipeline.orchestration.launch`` wraps it with ``ray.remote``."""
 
     def __init__(
         self,

@@ -149,7 +149,9 @@ class TeacherScorer(Restartable):
         return self.spec.source == "self"
 
     def _items(self, groups: list[EpisodeGroup]):
-        """The rows to score and their (privileged prompt ids, response ids)."""
+        """The rows to score and their (privileged prompt ids, response ids): the one place that
+        decides which rows a teacher scores (the method's select part, then the provider, which
+        has no privileged context for some rows)."""
         rows, items = [], []
         for g in groups:
             for ep in g.episodes:
@@ -162,6 +164,10 @@ class TeacherScorer(Restartable):
                     rows.append(row)
                     items.append((ids, row.response_ids))
         return rows, items
+
+    def needs_scoring(self, group: EpisodeGroup) -> bool:
+        """Whether a row of ``group`` the teacher scores has no teacher log-probs yet."""
+        return any(row.teacher_logprobs is None for row in self._items([group])[0])
 
     async def score(
         self, groups: list[EpisodeGroup], step: int, min_version: int = 0

@@ -98,7 +98,7 @@ RUNTIME_ENV="$(KIND="$KIND" "$PY_FOR_JSON" - "${EXTRA_ENV[@]+"${EXTRA_ENV[@]}"}"
 import json, os, sys
 env = {"WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-       # The driver's own ray.init(runtime_env=...) (pipeline/orchestration/run.py) repeats env var keys of
+       # The driver's own ray.init(runtime_env=...) (pipeline/orchestration/launch.py, start_ray) repeats env var keys of
        # this job's runtime env; without this Ray refuses to merge the two and the job fails.
        "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
 if os.environ["KIND"] == "cpu":

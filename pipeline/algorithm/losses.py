@@ -16,10 +16,10 @@ reduction (a token mean is a masked sum over ``n_tokens_total``; extrema are mic
 -inf / +inf when a micro-batch has no token), detached, never ``.item()`` (no host sync). Keys
 carry no prefix: the learner adds ``policy/`` or the ``AuxTerm.name`` (``sdar/``, ``opd/``, ``tg/``).
 
-Aux losses take one typed record, ``LossInputs``, plus their own parameters (``AuxTerm.params``),
-and are looked up by ``AuxTerm.kind`` in ``AUX_LOSSES``; the kinds in ``AUX_NEEDS_LOGITS`` need
-the learner to fill the student and teacher logits (see ``full_kl``). Nothing here runs a model,
-touches Ray, or knows which method asked for a term.
+Aux losses take one typed record, ``LossInputs`` (the sampled ones also SDAR's gate sharpness,
+``AuxTerm.gate_beta``), and are looked up by ``AuxTerm.kind`` in ``AUX_LOSSES`` (``aux_loss``);
+the kinds in ``AUX_NEEDS_LOGITS`` need the learner to fill the student and teacher logits (see
+``full_kl``). Nothing here runs a model, touches Ray, or knows which method asked for a term.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from pipeline.algorithm.metrics import Metrics, Reduce, Stat, maximum, mean, minimum
+from pipeline.core.types import GATED_AUX_KINDS, AuxTerm
 
 # Aux kinds whose learner must supply student and teacher logits (the teacher forward runs there).
 AUX_NEEDS_LOGITS = frozenset({"full_kl"})
@@ -371,8 +372,14 @@ def nll(x: LossInputs) -> tuple[Tensor, Metrics]:
 AuxLoss = Callable[..., tuple[Tensor, Metrics]]
 
 AUX_LOSSES: dict[str, AuxLoss] = {
-    "gated_surrogate": gated_surrogate,
+    "sampled_surrogate": gated_surrogate,
     "k3_is": k3_is,
     "full_kl": full_kl,
     "nll": nll,
 }
+
+
+def aux_loss(x: LossInputs, term: AuxTerm) -> tuple[Tensor, Metrics]:
+    """The term's loss component: its kind's function, given the gate where the term has one."""
+    fn = AUX_LOSSES[term.kind]
+    return fn(x) if term.kind not in GATED_AUX_KINDS else fn(x, beta=term.gate_beta)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 
 
-class RetirementController:
+class RetirementRule:
     """Windows of K_n, validation at each window end, permanent retirement."""
 
     def __init__(

@@ -48,7 +48,7 @@ class TeacherSpec:
 
     @property
     def always_on(self) -> bool:
-        return getattr(self.provider, "always_on", False)
+        return self.provider.always_on
 
 
 # ----- what the rollout worker applies ---------------------------------------------------------------
@@ -68,14 +68,22 @@ class ContextProvider(abc.ABC):
     """One kind of privileged context (see the module docstring)."""
 
     kind: ClassVar[str] = ""
+    # The preset of a first phase that trains a frozen teacher with this context in the
+    # student's own prompts (RetireOPD); None: named after the method (``<name>_phase1``).
+    first_phase_preset: ClassVar[str | None] = None
 
     @dataclasses.dataclass
     class Options:
         def validate(self, method: str) -> None:
             pass
 
-    def __init__(self, opts, *, env_name: str, seed: int = 0):
-        self.opts, self.env_name, self.seed = opts, env_name, seed
+    def __init__(self, opts, *, env_name: str, seed: int = 0, always_on: bool = False):
+        # always_on: the select part's (feedback on every row of an episode with a failed criterion)
+        self.opts, self.env_name, self.seed, self.always_on = opts, env_name, seed, always_on
+
+    def retrieval(self) -> dict | None:
+        """The skill retrieval options when this context retrieves skills, else None."""
+        return None
 
     @abc.abstractmethod
     def teacher_prompt(self, prompts, episode: Episode, row: TurnRecord) -> list[int] | None: ...

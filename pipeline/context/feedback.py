@@ -30,10 +30,6 @@ class FeedbackContext(ContextProvider):
         def validate(self, method: str) -> None:
             pass
 
-    def __init__(self, opts, *, env_name: str, seed: int = 0, always_on: bool = False):
-        super().__init__(opts, env_name=env_name, seed=seed)
-        self.always_on = always_on
-
     def teacher_prompt(self, prompts, episode, row):
         fb = turn_feedback(episode, row.turn_index, self.always_on)
         return prompts.feedback_ids(row, fb) if fb else None

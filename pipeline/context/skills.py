@@ -9,9 +9,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from envs.skills import RetrievalMode, SkillRetriever, load_bank
 from pipeline.context.base import ContextProvider, StudentView, task_seed_of
 from pipeline.context.placement import Placement, with_privileged
+from pipeline.context.skill_bank import RetrievalMode, SkillRetriever, load_bank
 
 
 @lru_cache(maxsize=8)
@@ -40,6 +40,7 @@ class SkillsView(StudentView):
 
 class SkillsContext(ContextProvider):
     kind = "skills"
+    first_phase_preset = "skill_grpo"
 
     @dataclasses.dataclass
     class Options:
@@ -63,8 +64,8 @@ class SkillsContext(ContextProvider):
             if self.placement not in places:
                 raise ValueError(f"method={method}: method.placement={self.placement!r}; choose one of {places}")
 
-    def __init__(self, opts, *, env_name: str, seed: int = 0):
-        super().__init__(opts, env_name=env_name, seed=seed)
+    def __init__(self, opts, **kw):
+        super().__init__(opts, **kw)
         self._retriever: SkillRetriever | None = None
 
     def retrieval(self) -> dict:

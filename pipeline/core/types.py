@@ -157,18 +157,29 @@ class EpisodeGroup:
         return self.rows() + [t for e in self.demonstrations for t in e.turns]
 
 
-@dataclass(kw_only=True, slots=True)
+# The auxiliary losses the learner knows (``pipeline.algorithm.losses.AUX_LOSSES``), named as a
+# signal's estimator names them; the two sampled ones may be weighed by SDAR's gate.
+AUX_KINDS = ("sampled_surrogate", "k3_is", "full_kl", "nll")
+GATED_AUX_KINDS = ("sampled_surrogate", "k3_is")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
 class AuxTerm:
     """One auxiliary loss component the learner adds as ``coef * component``.
 
-    The learner looks ``kind`` up in the loss registry (``pipeline.algorithm.losses.AUX_LOSSES``); it never
-    knows which method asked for it.
+    The learner looks ``kind`` up in the loss registry; it never knows which method asked for it.
     """
 
     name: str  # metric prefix, e.g. "sdar"
-    kind: str  # registered aux loss: "gated_surrogate" | "k3_is" | "full_kl"
+    kind: str  # one of AUX_KINDS
     coef: float
-    params: dict[str, float] = field(default_factory=dict)  # keyword arguments of the loss, e.g. beta
+    gate_beta: float | None = None  # SDAR's gate sharpness (GATED_AUX_KINDS only); None = no gate
+
+    def __post_init__(self):
+        if self.kind not in AUX_KINDS:
+            raise ValueError(f"AuxTerm {self.name!r}: kind {self.kind!r} is not one of {list(AUX_KINDS)}")
+        if self.gate_beta is not None and self.kind not in GATED_AUX_KINDS:
+            raise ValueError(f"AuxTerm {self.name!r}: a {self.kind} term has no gate (gate_beta={self.gate_beta})")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -221,7 +221,7 @@ def check_launch_gpus(cfg: PrivyConfig, plan: PlacementPlan) -> None:
         check_gpus(plan, *known)
 
 
-class Placement:
+class Reservation:
     """A reserved plan: per-actor ``.options()`` keyword arguments, and ``remove()``."""
 
     def __init__(self, plan: PlacementPlan, pg=None):
@@ -260,11 +260,11 @@ class Placement:
             self.pg = None
 
 
-def reserve(plan: PlacementPlan, timeout_s: float) -> Placement:
+def reserve(plan: PlacementPlan, timeout_s: float) -> Reservation:
     """Create the plan's placement group and wait for it; PlacementError (asked vs. the cluster's
     resources) when it cannot be placed within ``timeout_s``."""
     if plan.strategy is None:
-        return Placement(plan)
+        return Reservation(plan)
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -283,7 +283,7 @@ def reserve(plan: PlacementPlan, timeout_s: float) -> Placement:
             "(or pack without colocate) when no single node fits, wait for other jobs to finish, or "
             "raise cluster.placement_timeout_s"
         )
-    return Placement(plan, pg)
+    return Reservation(plan, pg)
 
 
 def _fmt_res(res: dict) -> str:
@@ -292,7 +292,7 @@ def _fmt_res(res: dict) -> str:
 
 __all__ = [
     "ActorPlacement",
-    "Placement",
+    "Reservation",
     "PlacementError",
     "PlacementPlan",
     "check_gpus",

@@ -17,12 +17,14 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from pipeline.algorithm.advantages import RowAdvantages, RowInput, rows_from_groups
-from pipeline.context.providers import PROVIDERS, ContextProvider, FeedbackContext, StudentView, TeacherSpec
+from pipeline.context.providers import ContextProvider, StudentView, TeacherSpec
 from pipeline.core.types import Credit, Episode, EpisodeGroup, TurnRecord
 from pipeline.methods.options import flat_options
 from pipeline.methods.parts.base import Part, Setting
-from pipeline.methods.parts.signal import check_signal
-from pipeline.methods.parts.teacher import TEACHER_META, read_teacher_success_rate
+from pipeline.methods.parts.schedule import Schedule
+from pipeline.methods.parts.select import Select
+from pipeline.methods.parts.signal import Signal
+from pipeline.methods.parts.teacher import TEACHER_META, Teacher, read_teacher_success_rate
 
 
 def broadcast(groups: list[EpisodeGroup], per_row: list[float]) -> list[list[float]]:
@@ -46,31 +48,31 @@ def policy_mask(groups: list[EpisodeGroup]) -> list[list[float]] | None:
 
 @dataclass
 class CreditJob:
-    """One step's credit assignment in progress: what the signal part reads and fills."""
+    """One step's credit assignment in progress: what the signal part reads and fills. It holds
+    what a signal may need from the method's other parts, never the parts' kinds."""
 
-    method: "Method"
+    method_name: str
     groups: list[EpisodeGroup]
     rows: list[RowInput]
     base: RowAdvantages
     scale: float
     credit: Credit
+    select: Select  # which rows and tokens the signal touches (the one place that decides it)
+    step_options: dict  # the advantage part's discount and anchor matching (ADRS shapes with them)
+    provider: ContextProvider | None = None
+    prompts: object | None = None  # the driver's TeacherPrompts, for a learner-side teacher
     pairs: list[tuple[Episode, TurnRecord]] = field(default_factory=list)
 
     def __post_init__(self):
         self.pairs = [(e, t) for g in self.groups for e in g.episodes for t in e.turns]
 
-    @property
-    def advantage_part(self) -> Part:
-        return self.method.parts["advantage"]
-
     def token_masks(self) -> list[list[float]]:
-        select = self.method.parts["select"]
-        return [select.token_mask(e, t) for e, t in self.pairs]
+        return [self.select.token_mask(e, t) for e, t in self.pairs]
 
     def teacher_logprobs(self) -> tuple[list[list[float]], list[list[float]] | None]:
         """Teacher log-probs of every row ``[B][n_response]`` and, when the select part masks,
         the masks (rows the scorer did not score get lpT 0 and mask 0)."""
-        select, name = self.method.parts["select"], self.method.name
+        select, name = self.select, self.method_name
         teacher, masks = [], []
         for i, (e, row) in enumerate(self.pairs):
             lpt = row.teacher_logprobs
@@ -90,16 +92,15 @@ class CreditJob:
     def teacher_prompts(self) -> list[list[int]]:
         """Learner-side teacher prompts: the privileged prompt of each selected row, the plain
         prompt elsewhere."""
-        prompts = self.method.prompts
+        prompts = self.prompts
         if prompts is None:
             raise RuntimeError(
-                f"method={self.method.name} runs the teacher in the learner: the driver must "
+                f"method={self.method_name} runs the teacher in the learner: the driver must "
                 "attach() its TeacherPrompts (feedback_ids / skills_ids / plain_ids)"
             )
-        select, provider = self.method.parts["select"], self.method.provider
         out = []
         for e, row in self.pairs:
-            ids = provider.teacher_prompt(prompts, e, row) if select.selected(e, row) else None
+            ids = self.provider.teacher_prompt(prompts, e, row) if self.select.selected(e, row) else None
             out.append(list(ids) if ids is not None else list(prompts.plain_ids(row)))
         return out
 
@@ -111,68 +112,59 @@ class Method:
         self.name, self.parts, self.setting = name, parts, setting
         self.opts = flat_options(name, parts)
         self.prompts = None
-        check_signal(parts["signal"], parts["advantage"], parts["teacher"], name)
-        self.provider: ContextProvider | None = None
-        ctx = parts["context"]
-        if ctx.kind != "none":
-            cls = PROVIDERS[ctx.kind]
-            extra = {"always_on": parts["select"].always_on} if cls is FeedbackContext else {}
-            self.provider = cls(ctx.opts, env_name=env_name, seed=seed, **extra)
-        if parts["student"].kind == "context" and self.provider is None:
+        self.signal.check(parts["advantage"], self.teacher)
+        self.provider: ContextProvider | None = parts["context"].build_provider(
+            env_name=env_name, seed=seed, always_on=self.select.always_on
+        )
+        if parts["student"].carries_context and self.provider is None:
             raise ValueError(f"method={name}: parts.student=context needs a context (parts.context=skills, ...)")
-        if parts["teacher"].kind != "none" and self.provider is None:
+        if self.teacher.source is not None and self.provider is None:
             raise ValueError(f"method={name}: a teacher needs privileged context (parts.context=skills | feedback)")
         self._sync_teacher_success_rate()
 
-    # ----- parts by role ---------------------------------------------------------------------------
+    # ----- parts by role (each slot's base class says what the method may ask of it) -------------------
     @property
-    def teacher(self) -> Part:
+    def teacher(self) -> Teacher:
         return self.parts["teacher"]
 
     @property
-    def schedule(self) -> Part:
+    def schedule(self) -> Schedule:
         return self.parts["schedule"]
 
     @property
-    def signal(self) -> Part:
+    def signal(self) -> Signal:
         return self.parts["signal"]
+
+    @property
+    def select(self) -> Select:
+        return self.parts["select"]
 
     @property
     def invalid_action_penalty(self) -> float:
         return self.setting.invalid_action_penalty
 
     # ----- upstream --------------------------------------------------------------------------------
-    def _ready(self) -> None:
-        t = self.teacher
-        if t.kind == "frozen" and t.path is None:
-            raise RuntimeError(
-                f"method={self.name} has no teacher: set method.teacher_path=<phase-1 HF dir> (with "
-                "method.teacher_success_rate or its teacher.json), or launch with the two-phase "
-                "command, which trains the teacher first"
-            )
-
     def _signal_on(self, step: int) -> bool:
-        return self.signal.kind != "none" and self.signal.coef() > 0.0 and self.schedule.scale(step) > 0.0
+        return self.signal.coef() > 0.0 and self.schedule.scale(step) > 0.0
 
     def teacher_spec(self) -> TeacherSpec | None:
         """What the teacher scorer must compute, or None (no teacher, or one run by the learner)."""
         t = self.teacher
-        if t.kind == "none" or getattr(self.signal, "learner_side", False):
+        if t.source is None or self.signal.learner_side:
             return None
-        select = self.parts["select"]
         return TeacherSpec(
             source=t.source,
             provider=self.provider,
-            selects=select.selected,
-            rows=select.kind,
-            frozen_path=getattr(t, "path", None),
+            selects=self.select.selected,
+            rows=self.select.kind,
+            frozen_path=t.path,
         )
 
     def teacher_active(self, step: int) -> bool:
         """Whether the scorer must run this step (False outside the schedule, once retired)."""
         if self.teacher_spec() is None:
             return False
-        self._ready()
+        self.teacher.check_ready()
         return self._signal_on(step)
 
     def wants_demonstrations(self, step: int) -> bool:
@@ -181,11 +173,11 @@ class Method:
 
     def student_view(self) -> StudentView | None:
         """The context in the student's own prompts (``skill_grpo``), or None."""
-        return self.provider.student_view() if self.parts["student"].kind == "context" else None
+        return self.provider.student_view() if self.parts["student"].carries_context else None
 
     def privileged_view(self, first_attempt: Episode | None = None) -> StudentView | None:
         """The teacher's context given to the student (validation measures the privilege gap)."""
-        if self.teacher.kind == "none" or self.provider is None:
+        if self.teacher.source is None or self.provider is None:
             return None
         return self.provider.student_view(first_attempt)
 
@@ -195,11 +187,11 @@ class Method:
 
     def skills_for_student(self) -> dict | None:
         """The skill retrieval options when the student's own prompts carry skills, else None."""
-        ok = self.parts["student"].kind == "context" and self.parts["context"].kind == "skills"
+        ok = self.parts["student"].carries_context and self.provider is not None
         return self.provider.retrieval() if ok else None
 
     def skills_for_teacher(self) -> dict | None:
-        ok = self.teacher.kind != "none" and self.parts["context"].kind == "skills"
+        ok = self.teacher.source is not None and self.provider is not None
         return self.provider.retrieval() if ok else None
 
     def required_val_every(self) -> int | None:
@@ -209,8 +201,7 @@ class Method:
     def prerequisite(self) -> dict | None:
         """The method dict of the first phase when the frozen teacher must be trained first: the
         same reward, advantage and context, with the context in the student's own prompts."""
-        t = self.teacher
-        if t.kind != "frozen" or t.path is not None:
+        if not self.teacher.needs_first_phase:
             return None
         kinds = {
             "reward": self.parts["reward"].kind,
@@ -223,7 +214,7 @@ class Method:
             options.update(
                 dataclasses.asdict(self.parts[slot].opts) if dataclasses.is_dataclass(self.parts[slot].opts) else {}
             )
-        name = "skill_grpo" if kinds["context"] == "skills" else f"{self.name}_phase1"
+        name = (self.provider.first_phase_preset if self.provider else None) or f"{self.name}_phase1"
         return {"name": name, "parts": kinds, **options}
 
     def prerequisite_steps(self) -> int:
@@ -242,9 +233,8 @@ class Method:
         return read_teacher_success_rate(hf_dir) if (Path(hf_dir) / TEACHER_META).exists() else None
 
     def _sync_teacher_success_rate(self) -> None:
-        sr = getattr(self.teacher, "success_rate", None)
-        if sr is not None and hasattr(self.schedule, "controller"):
-            self.schedule.controller.teacher_success_rate = sr
+        if self.teacher.success_rate is not None:
+            self.schedule.set_teacher_success_rate(self.teacher.success_rate)
 
     # ----- credit ----------------------------------------------------------------------------------
     def episode_reward(self, episode: Episode) -> float:
@@ -270,28 +260,30 @@ class Method:
         )
         if (pmask := policy_mask(groups)) is not None:
             credit.aux["policy_mask"] = pmask
-        if self.parts["select"].masks:
+        if self.select.masks:
             credit.metrics.update(self._selection_metrics(groups))
-        if self.signal.kind == "none":
-            return credit
         on = self._signal_on(step)
         if on:
-            self._ready()
+            self.teacher.check_ready()
             self.schedule.check(step)
         self.signal.apply(
             CreditJob(
-                method=self,
+                method_name=self.name,
                 groups=groups,
                 rows=rows,
                 base=base,
                 scale=self.schedule.scale(step) if on else 0.0,
                 credit=credit,
+                select=self.select,
+                step_options=self.parts["advantage"].step_options(),
+                provider=self.provider,
+                prompts=self.prompts,
             )
         )
         return credit
 
     def _selection_metrics(self, groups: list[EpisodeGroup]) -> dict[str, float]:
-        select, prefix = self.parts["select"], self.setting.prefix
+        select, prefix = self.select, self.setting.prefix
         pairs = [(e, t) for g in groups for e in g.episodes for t in e.turns]
         masks = [select.token_mask(e, t) for e, t in pairs]
         n_tokens = sum(t.n_response for _, t in pairs)
@@ -312,37 +304,35 @@ class Method:
     def on_validation(
         self, step: int, success_rate: float, privileged_success: float | None = None
     ) -> dict[str, float]:
-        sr_t = getattr(self.teacher, "success_rate", None)
+        sr_t = self.teacher.success_rate
         return self.schedule.on_validation(step, success_rate, sr_t if sr_t is not None else privileged_success)
 
     # retirement state, for tests and diagnostics
     @property
-    def controller(self):
-        return getattr(self.schedule, "controller", None)
+    def retirement(self):
+        return self.schedule.rule
 
     @property
     def retired(self) -> bool:
-        return bool(getattr(self.schedule, "retired", False))
+        return bool(self.schedule.retired)
 
     @property
     def teacher_path(self) -> str | None:
-        return getattr(self.teacher, "path", None)
+        return self.teacher.path
 
     @property
     def teacher_success_rate(self) -> float | None:
-        return getattr(self.teacher, "success_rate", None)
+        return self.teacher.success_rate
 
     def state_dict(self) -> dict:
-        teacher = self.teacher.state_dict() if hasattr(self.teacher, "state_dict") else {}
         return {
-            **teacher,
+            **self.teacher.state_dict(),
             "schedule": self.schedule.state_dict(),
             "context": self.provider.state_dict() if self.provider is not None else {},
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if hasattr(self.teacher, "load_state_dict"):
-            self.teacher.load_state_dict(state)
+        self.teacher.load_state_dict(state)
         if state.get("schedule"):
             self.schedule.load_state_dict(state["schedule"])
         if self.provider is not None:

@@ -27,20 +27,20 @@ import asyncio
 import random
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
 
 from actors.handles import ActorDied, LearnerLost
 from pipeline.core.config import PrivyConfig
-from pipeline.core.errors import first_line
 from pipeline.core.microbatch import slice_rows
-from pipeline.core.types import EpisodeGroup, criterion_pass_rates
 from pipeline.distributed.weight_sync import WeightSyncError
 from pipeline.orchestration.batches import build_train_batch, drop_silent_rows, minibatch_bounds, rows_of
 from pipeline.orchestration.buffer import GroupBuffer
 from pipeline.orchestration.logging import EventLog, OutcomeLog
+from pipeline.orchestration.saving import Saving
+from pipeline.orchestration.step_metrics import rollout_metrics, teacher_metrics
 from pipeline.orchestration.stopping import StopRequest
+from pipeline.orchestration.supervision import Supervision
+from pipeline.orchestration.validation import Validation
 
 
 class Aborted(Exception):
@@ -49,9 +49,6 @@ class Aborted(Exception):
 
 class NonFiniteTraining(RuntimeError):
     """``trainer.max_skipped_steps`` updates in a row were discarded for non-finite gradients."""
-
-
-MAX_ENV_ERROR_REPLAYS = 3  # a training task whose env fails every episode this often in a row stops the run
 
 
 def task_seed(base_seed: int, index: int) -> int:
@@ -75,7 +72,7 @@ class ControllerState:
     env_error_groups: int = 0  # training groups with no episode the env completed (played again)
 
 
-class Controller:
+class Controller(Supervision, Saving, Validation):
     def __init__(
         self,
         cfg: PrivyConfig,
@@ -170,35 +167,6 @@ class Controller:
             raise Aborted(f"aborted during step {self.state.step + 1} (a second stop request)")
         return self.history
 
-    async def _save_after_rollout_failure(self, trainer: asyncio.Task, error: BaseException) -> None:
-        """A rollout loop failed for good (a worker Ray will not restart, an env that always
-        fails): the learner is fine, so the train loop stops at once, as on a stop deadline
-        (the step in progress is abandoned unless its update began) and checkpoints the last
-        completed step; the error then says where to resume. Bounded by the learner's own timeout."""
-        if self.checkpointer is None or trainer.done():
-            return
-        self._stop.set(time.monotonic())  # not request_stop: after a Ctrl-C that would abort, unsaved
-        limit = self.cfg.learner.call_timeout_s or None
-        done, _ = await asyncio.wait([trainer], timeout=limit and 2 * limit + 60)
-        if trainer in done and not trainer.cancelled() and trainer.exception() is None and self.state.step:
-            root = getattr(self.checkpointer, "root", None)  # RUN/checkpoints
-            error.args = (
-                f"{first_line(error)}; checkpoint at step {self.state.step}: resume with "
-                f"trainer.resume={root.parent if root is not None else 'RUN_DIR'}",
-            )
-
-    def _say_where_to_resume(self, error: BaseException) -> None:
-        """A lost learner took its state with it: the run continues from its last checkpoint."""
-        root = getattr(self.checkpointer, "root", None)  # RUN/checkpoints
-        if root is None:
-            return
-        where = (
-            f"resume from the last checkpoint (step {self._saved_step}): trainer.resume={root.parent}"
-            if self._saved_step
-            else "no checkpoint was saved yet: start the run again"
-        )
-        error.args = (f"{first_line(error)}; {where}",)
-
     def _next_task_index(self) -> int:
         if self._retry:
             return self._retry.pop(0)
@@ -249,33 +217,6 @@ class Controller:
             st.in_flight.remove(idx)
             await self.buffer.put(ticket, group)
 
-    def _drop_env_errors(self, group: EpisodeGroup, idx: int) -> bool:
-        """Leave out the episodes their env cut short (an env exception or timeout is not the
-        policy's failure: training on it would push down innocent turns), so the group's
-        statistics are over the episodes the env completed. False: none was completed, the task
-        must be played again (counted; ``MAX_ENV_ERROR_REPLAYS`` in a row stop the run)."""
-        errors = [e.error for e in group.episodes if e.error]
-        if not errors:
-            self._env_error_streak.pop(idx, None)
-            return True
-        st = self.state
-        st.env_error_episodes += len(errors)
-        group.episodes = [e for e in group.episodes if not e.error]
-        self.events.record(
-            "env_error", step=st.step, task=idx, episodes=len(errors), kept=len(group.episodes), error=errors[0][:200]
-        )
-        if group.episodes:
-            self._env_error_streak.pop(idx, None)
-            return True
-        st.env_error_groups += 1
-        n = self._env_error_streak[idx] = self._env_error_streak.get(idx, 0) + 1
-        if n >= MAX_ENV_ERROR_REPLAYS:
-            raise RuntimeError(
-                f"stopping the run: every episode of training task {idx} ended in an env error, "
-                f"{n} times in a row; the last: {errors[0][:300]}"
-            )
-        return False
-
     def _playing(self, delta: int) -> None:
         """Count groups in play; the wall time with at least one is the rollout side's busy time."""
         now = time.time()
@@ -294,71 +235,6 @@ class Controller:
         return self.scorer is not None and any(
             self.method.teacher_active(s) for s in range(self.state.step, deadline + 1)
         )
-
-    @property
-    def _collective(self) -> bool:
-        return getattr(self.learner, "weight_group", None) is not None
-
-    async def _revive(self, died: ActorDied) -> None:
-        """Wait for Ray to restart the actor that died and give it the current weights: the last
-        packet in the object store, or (collective sync) a new weight group and a broadcast."""
-        if not self._collective or not died.handle.wants_weights:
-            if await died.handle.revive(died.generation, getattr(self.learner, "last_packet", None)):
-                self._record_restart(died)
-            return
-        # Not while a step trains or publishes: the new group must carry the published version.
-        async with self._sync_lock:
-            if await self._revive_into_group(died):
-                await self._publish(self._published)
-
-    async def _revive_into_group(self, died: ActorDied) -> bool:
-        """(Collective sync; the caller holds the sync lock.) Bring the actor back and re-form the
-        weight group around its new process; another consumer found dead meanwhile is brought
-        back too. False when someone else already had revived it."""
-        if not await died.handle.revive(died.generation, None):
-            return False
-        self._record_restart(died)
-        while True:
-            try:
-                await self.learner.reform_weight_group(self.workers, self.scorer)
-                break
-            except ActorDied as again:
-                if await again.handle.revive(again.generation, None):
-                    self._record_restart(again)
-        self.events.record("weight_group_reformed", step=self.state.step, actor=died.handle.name)
-        return True
-
-    def _record_restart(self, died: ActorDied) -> None:
-        self.state.restarts += 1
-        self.events.record("restart", step=self.state.step, actor=died.handle.name, cause=first_line(died.cause)[:300])
-
-    async def _publish(self, version: int) -> dict[str, float]:
-        """Publish ``version``; a consumer that dies during a collective broadcast is brought back
-        into a new group and the broadcast is repeated (the learner's weights are unchanged by a
-        failed one), at most ``cluster.max_restarts`` + 1 times."""
-        for attempt in range(self.cfg.cluster.max_restarts + 1):  # noqa: B007 - counted in the error below
-            try:
-                return await self.learner.publish(version, self.workers, self.scorer)
-            except ActorDied as died:
-                self.events.record("sync_retry", step=self.state.step, version=version, actor=died.handle.name)
-                try:
-                    await self._revive_into_group(died)
-                except RuntimeError as e:  # Ray will not restart it: stop, with a checkpoint
-                    raise WeightSyncError(f"weights v{version}: {died}; {first_line(e)}") from e
-        raise WeightSyncError(f"weights v{version}: consumers kept dying during the broadcast ({attempt + 1} attempts)")
-
-    async def _score(self, group: EpisodeGroup) -> EpisodeGroup:
-        """Teacher log-probs for the group; if the scorer dies, the same group once it is back."""
-        t0 = time.time()
-        while True:
-            try:
-                [group], m = await self.scorer.score([group], self.state.step, self._published)
-                break
-            except ActorDied as e:
-                await self._revive(e)
-        group.teacher_seconds += time.time() - t0
-        group.teacher_prompt_tokens += m["teacher/prompt_tokens_sum"]
-        return group
 
     async def _train_loop(self) -> None:
         t = self.cfg.trainer
@@ -403,57 +279,6 @@ class Controller:
                     f"learner.lr or check the rewards, then resume with trainer.resume=RUN_DIR"
                 )
 
-    async def _save(self, step: int) -> float:
-        tc = time.time()
-        await self.checkpointer.save(self, step)
-        self._checkpoint_s = time.time() - tc
-        self._saved_step = step
-        return self._checkpoint_s
-
-    async def _step_unless_out_of_time(self) -> dict[str, float] | None:
-        """The next training step's metrics, or None when a stop deadline made it give up before
-        its update (its groups are back in the buffer)."""
-        self._committed = False
-        step = asyncio.create_task(self._train_step(), name="train step")
-
-        def reserve() -> float:  # for the checkpoint: what the last one took, with a margin; unmeasured: half the grace
-            if self._checkpoint_s is not None:
-                return 1.5 * self._checkpoint_s + 1.0
-            return 0.5 * self.cfg.trainer.stop_grace_s
-
-        if await self._stop.finish_or_abandon(step, lambda: self._committed, reserve):
-            return step.result()
-        self.abandoned_step = self.state.step + 1
-        back = await self.buffer.give_back()
-        self.events.record(
-            "step_abandoned",
-            step=self.abandoned_step,
-            groups_given_back=back,
-            reason=f"it could not finish and be checkpointed within trainer.stop_grace_s="
-            f"{self.cfg.trainer.stop_grace_s:g}",
-        )
-        return None
-
-    async def _keep_last_step(self) -> None:
-        """After an abandoned step: checkpoint the last completed step unless it already is."""
-        step = self.state.step
-        if self.checkpointer is not None and step > 0 and self._saved_step != step:
-            await self._save(step)
-
-    async def _checkpoint_after_failed_sync(self, version: int) -> str:
-        """Save step ``version`` (trained, not published); says where to resume from. Bounded: a
-        learner still blocked in the failed broadcast answers after its own sync timeout."""
-        if self.checkpointer is None:
-            return "resume from the last checkpoint"
-        self.state.step = self._published = version
-        limit = self.cfg.cluster.sync_timeout_s + 60
-        try:
-            path = await asyncio.wait_for(self.checkpointer.save(self, version), limit)
-        except Exception as err:  # the sync error is the one to report
-            return f"its checkpoint failed too ({first_line(err)}); resume from the last checkpoint"
-        self.events.record("checkpoint_after_failed_sync", step=version, path=str(path))
-        return f"checkpoint at step {version}: resume with trainer.resume=RUN_DIR"
-
     def _count_skip(self, step: int, metrics: dict[str, float]) -> bool:
         """Count a step whose update was discarded; True when ``trainer.max_skipped_steps`` came
         in a row (the run then checkpoints and stops)."""
@@ -484,16 +309,7 @@ class Controller:
                 raise RuntimeError(f"method={self.method.name} needs a teacher scorer")
             # Normally scored as they completed; a group that was not (the teacher's schedule
             # turned on after it finished) is scored now, and the learner waits for it.
-            groups = [
-                g
-                if all(
-                    r.teacher_logprobs is not None or not self.scorer.spec.selects(e, r)
-                    for e in g.episodes
-                    for r in e.turns
-                )
-                else await self._score(g)
-                for g in groups
-            ]
+            groups = [await self._score(g) if self.scorer.needs_scoring(g) else g for g in groups]
             metrics.update(teacher_metrics(groups, self.scorer.wants_weights))
         t2 = time.time()
         self._committed = True  # from here the step changes the method's and the learner's state
@@ -568,81 +384,6 @@ class Controller:
         )
         return metrics
 
-    async def _validate(self, step: int, notify_method: bool = True, split: str | None = None) -> dict[str, float]:
-        """Held-out tasks at each validation temperature (0 = greedy), one episode per task, from
-        ``env.val_split`` (logged as val/...) or ``split`` (a final split: final/<split>/...).
-
-        For a method with a teacher, the first temperature's tasks are played once more with the
-        teacher's privileged context in the student's own prompt (feedback: that of the first
-        attempt's failed criteria): ``val/privileged_success`` and ``val/privilege_gap``, the
-        teacher's headroom over the student (RetireOPD's SR_T when the teacher learns too)."""
-        cfg = self.cfg
-        t0 = time.time()
-        pre = f"final/{split}" if split else "val"
-        split = split or cfg.env.val_split
-        out: dict[str, float] = {}
-        first: list[EpisodeGroup] = []
-        for temp in cfg.rollout.val_temperatures:
-            groups = await self._play_validation(temp, [self.method.student_view()] * cfg.trainer.val_tasks, split)
-            tag = "greedy" if temp == 0 else f"t{temp:g}"
-            self.outcomes.write(pre, step, tag, [g.episodes[0] for g in groups])
-            m = rollout_metrics(groups, self.method.invalid_action_penalty)
-            out.update({k.replace("rollout/", f"{pre}/{tag}/", 1): v for k, v in m.items()})
-            if temp == cfg.rollout.val_temperatures[0]:
-                out[f"{pre}/success"] = m["rollout/success"]
-                first, tag0 = groups, tag
-        privileged = None
-        views = [self.method.privileged_view(g.episodes[0]) for g in first]
-        if any(v is not None for v in views):
-            groups = await self._play_validation(cfg.rollout.val_temperatures[0], views, split, keep=first)
-            self.outcomes.write(f"{pre}/privileged", step, tag0, [g.episodes[0] for g in groups])
-            privileged = rollout_metrics(groups, self.method.invalid_action_penalty)["rollout/success"]
-            out[f"{pre}/privileged_success"] = privileged
-            gap = out[f"{pre}/privilege_gap"] = privileged - out[f"{pre}/success"]
-            if gap <= 0:
-                print(
-                    f"privy-rl: step {step}: privilege gap {gap:+.3f} <= 0 on {split}: with its context the "
-                    f"policy does no better, so the teacher has nothing to distil yet",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        if notify_method:  # a method's windows (RetireOPD) count validations after training steps only
-            out.update(self.method.on_validation(step, out.get("val/success", 0.0), privileged))
-        out[f"time/{pre}_s"] = time.time() - t0
-        return out
-
-    async def _final_validation(self, step: int) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for split in self.cfg.trainer.final_val_splits:
-            out.update(await self._validate(step, notify_method=False, split=split))
-        return out
-
-    async def _play_validation(
-        self, temperature: float, views: list, split: str, keep: list | None = None
-    ) -> list[EpisodeGroup]:
-        """One episode per validation task of ``split``; a task whose view is None keeps ``keep``'s
-        episode (it has no privileged context: its privileged outcome is its plain one)."""
-
-        async def one(i: int, view):
-            if view is None and keep is not None:
-                return keep[i]
-            while True:  # a worker that dies mid-episode plays it again once restarted
-                try:
-                    return await self.workers[i % len(self.workers)].run_group(
-                        task_seed=i,
-                        split=split,
-                        group_size=1,
-                        temperature=temperature,
-                        sample_seed=10_000 + i,
-                        view=view,
-                        min_version=self._published,
-                    )
-                except ActorDied as e:
-                    self.events.record("replay", step=self.state.step, task=f"val{i}", actor=e.handle.name)
-                    await self._revive(e)
-
-        return list(await asyncio.gather(*[one(i, v) for i, v in enumerate(views)]))
-
 
 async def _cancel_all(tasks: list[asyncio.Task], grace_s: float = 60.0) -> None:
     """Cancel the loops and wait for them, but boundedly: the run's end (its actors are killed
@@ -660,74 +401,3 @@ async def _cancel_all(tasks: list[asyncio.Task], grace_s: float = 60.0) -> None:
             file=sys.stderr,
             flush=True,
         )
-
-
-def teacher_metrics(groups: list[EpisodeGroup], self_teacher: bool) -> dict[str, float]:
-    """The scorer's work on the step's groups (done while they completed, off the learner's path)."""
-    rows = [r for g in groups for r in g.rows()]
-    scored = [r for r in rows if r.teacher_logprobs is not None]
-    out = {
-        "teacher/seconds": sum(g.teacher_seconds for g in groups),
-        "teacher/rows_scored_frac": len(scored) / max(len(rows), 1),
-        "teacher/prompt_tokens": sum(g.teacher_prompt_tokens for g in groups) / max(len(scored), 1),
-    }
-    if scored and self_teacher:
-        out["teacher/staleness"] = sum(r.teacher_version - r.policy_version for r in scored) / len(scored)
-    out.update(gap_statistics("teacher", [(r.teacher_logprobs, r.behaviour_logprobs) for r in scored]))
-    out.update(
-        gap_statistics(
-            "noise",
-            [(r.plain_teacher_logprobs, r.behaviour_logprobs) for r in scored if r.plain_teacher_logprobs is not None],
-        )
-    )
-    return out
-
-
-def gap_statistics(prefix: str, pairs: list[tuple[list[float], list[float]]]) -> dict[str, float]:
-    """Per-token gap ``lpT - lp_behaviour`` over every token of ``pairs``: mean, std, mean |gap| and
-    the fraction below 0. With ``noise`` (the teacher on the student's own prompt) beside
-    ``teacher`` (on the privileged one), what the privileged context adds stands against what
-    two forwards of the same weights differ by anyway."""
-    gaps = [t - b for lpt, lpb in pairs for t, b in zip(lpt, lpb)]
-    if not gaps:
-        return {}
-    n = len(gaps)
-    mean = sum(gaps) / n
-    return {
-        f"{prefix}/gap_mean": mean,
-        f"{prefix}/gap_std": (sum((g - mean) ** 2 for g in gaps) / max(n - 1, 1)) ** 0.5,
-        f"{prefix}/gap_abs_mean": sum(abs(g) for g in gaps) / n,
-        f"{prefix}/negative_gap_fraction": sum(g < 0 for g in gaps) / n,
-    }
-
-
-def rollout_metrics(groups: list[EpisodeGroup], invalid_penalty: float) -> dict[str, float]:
-    """Reward, success (overall and per task type), valid-action rate, turns, response length, and
-    each rubric criterion's pass rate over the episodes judged on it (a criterion moves long before
-    task success, which needs all of them)."""
-    eps = [e for g in groups for e in g.episodes]
-    rows = [t for e in eps for t in e.turns]
-    n_eps, n_rows = max(len(eps), 1), max(len(rows), 1)
-    out: dict[str, Any] = {
-        "rollout/reward": sum(e.reward for e in eps) / n_eps,
-        "rollout/success": sum(e.won for e in eps) / n_eps,
-        "rollout/valid_action_rate": sum(t.action_valid for t in rows) / n_rows,
-        "rollout/turns_per_episode": len(rows) / n_eps,
-        "rollout/response_tokens": sum(t.n_response for t in rows) / n_rows,
-        "rollout/prompt_truncated_frac": sum(t.truncated_prompt for t in rows) / n_rows,
-        "rollout/row_score": sum(_row_score(e.reward, t.action_valid, invalid_penalty) for e in eps for t in e.turns)
-        / n_rows,
-        "rollout/env_errors": float(sum(bool(e.error) for e in eps)),
-    }
-    by_type: dict[str, list[bool]] = defaultdict(list)
-    for e in eps:
-        if e.task_type:
-            by_type[e.task_type].append(e.won)
-    for tt, wins in by_type.items():
-        out[f"rollout/success/{tt}"] = sum(wins) / len(wins)
-    out.update({f"rollout/criteria/{name}": rate for name, rate in criterion_pass_rates(eps).items()})
-    return out
-
-
-def _row_score(reward: float, valid: bool, penalty: float) -> float:
-    return reward - (0.0 if valid else penalty)

@@ -212,7 +212,8 @@ def sft_batch(rows: list[TurnRecord], pad_id: int):
 def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
     import os
 
-    from actors.learner import LearnerWorker, copy_tokenizer, init_process_group_env
+    from actors.learner import LearnerWorker
+    from actors.learner_setup import copy_tokenizer, init_process_group_env
     from pipeline.context.student_prompts import StudentPrompts
     from pipeline.core.hardware import set_threads
     from pipeline.distributed.rendezvous import host_store

@@ -148,7 +148,7 @@ class PointRecord:
     def resumable(self) -> bool:
         """A checkpoint of the point's run (or of its first phase, for RetireOPD) exists."""
         from pipeline.orchestration.checkpoint import resolve_checkpoint
-        from pipeline.orchestration.run import PHASE1_DIR
+        from pipeline.orchestration.phases import PHASE1_DIR
 
         try:
             resolve_checkpoint(self.dir)

@@ -186,7 +186,8 @@ def bench_learn(
 ) -> dict:
     import torch
 
-    from actors.learner import LearnerWorker, init_process_group_env
+    from actors.learner import LearnerWorker
+    from actors.learner_setup import init_process_group_env
     from pipeline.core.config import LearnerConfig
     from pipeline.distributed.rendezvous import host_store
 

@@ -325,7 +325,8 @@ def run_privy(w: Workload, lag: int, engine: str) -> dict:
     import transformers
 
     from pipeline.models import load_tokenizer
-    from pipeline.orchestration.run import actor_threads, run_training
+    from pipeline.orchestration.launch import actor_threads
+    from pipeline.orchestration.run import run_training
 
     cfg = workload_config(w, lag, engine)
     path = model_path(cfg)

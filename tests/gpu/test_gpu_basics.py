@@ -167,7 +167,8 @@ def _learner_child(rank: int, device: str, model_dir: str, out: str, move_batch:
     os.environ["DS_ACCELERATOR"] = device  # before DeepSpeed is imported in this process
     import torch.distributed as dist
 
-    from actors.learner import LearnerWorker, init_process_group_env
+    from actors.learner import LearnerWorker
+    from actors.learner_setup import init_process_group_env
     from pipeline.core.config import LearnerConfig
     from pipeline.distributed.rendezvous import host_store
 
@@ -265,7 +266,8 @@ def _resume_child(rank: int, device: str, zero: int, model_dir: str, ckpt: str, 
     os.environ["DS_ACCELERATOR"] = device  # before DeepSpeed is imported in this process
     import torch.distributed as dist
 
-    from actors.learner import LearnerWorker, init_process_group_env
+    from actors.learner import LearnerWorker
+    from actors.learner_setup import init_process_group_env
     from pipeline.core.config import LearnerConfig
     from pipeline.distributed.rendezvous import host_store
 

@@ -1,5 +1,6 @@
 """The command line as users run it: Hydra multirun with a sweep summary, and one-line errors."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,43 @@ def test_multirun_sweeps_sdar_beta_and_writes_a_summary_table(tmp_path):
     table = (sweep / "sweep_summary.md").read_text()
     assert "method.beta=1" in table and "method.beta=10" in table
     assert len(list(sweep.glob("*/metrics.jsonl"))) == 2
+
+
+NEW_PRESET = """# A combination no preset has: SDAR's gate on k3, a hints self-teacher, ADRS's window.
+name: gated_k3_window
+prefix: gk3
+parts: {teacher: self, context: hints, signal: aux, schedule: window}  # the other slots: their defaults
+mean_std_across_rows: true
+norm_std: true
+estimator: k3_is
+weight: gate
+beta: 5.0
+lam: 0.05
+pg_coef: 1.0
+placement: system
+warmup_steps: 0
+active_steps: null
+entropy_coef_active: 0.0
+entropy_coef_idle: 0.0
+"""
+
+
+@pytest.mark.integration
+def test_a_new_preset_is_one_yaml_file_in_the_users_own_config_dir(tmp_path):
+    """docs/extending.md: a new combination of parts is one YAML, found by Hydra's --config-dir
+    (nothing in the package or the tests names it), and it trains."""
+    conf = tmp_path / "conf" / "method"
+    conf.mkdir(parents=True)
+    (conf / "gated_k3_window.yaml").write_text(NEW_PRESET)
+    run_dir = tmp_path / "run"
+    r = train(
+        ["--config-dir", str(tmp_path / "conf"), *TINY, "method=gated_k3_window", f"trainer.run_dir={run_dir}"],
+        tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    [step] = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert step["gk3/loss"] == step["gk3/loss"] and step["teacher/rows_scored_frac"] == 1.0
+    assert step["gk3/entropy_coef"] == 0.0  # the window schedule's metric: its part is in the run
 
 
 @pytest.mark.parametrize(

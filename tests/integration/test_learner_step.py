@@ -55,7 +55,7 @@ def _batch(model_dir, lengths: list[tuple[int, int]], seed: int = 0) -> tuple[Tr
 
 def _train(ray, model_dir, minibatches: list[TrainBatch], cfg: LearnerConfig):
     """A fresh rank-0 learner takes one train_step; returns (metrics, weights)."""
-    from actors.learner import LearnerActor
+    from actors.learner_actor import LearnerActor
 
     actor = (
         ray.remote(LearnerActor)

@@ -130,7 +130,7 @@ def _uneven_batch(model_dir) -> TrainBatch:
 def _step(ray, model_dir, batch: TrainBatch, *, world_size: int, zero_stage: int, budget: int = 8):
     """Start ``world_size`` learner actors, take one train_step on two mini-batches through
     LearnerGroup, return (metrics, rank-0 weights); always kill the actors."""
-    from actors.learner import LearnerActor
+    from actors.learner_actor import LearnerActor
     from pipeline.core.microbatch import slice_rows
 
     cls = ray.remote(LearnerActor)

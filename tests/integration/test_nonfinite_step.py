@@ -24,7 +24,7 @@ TIMEOUT = 300
 
 def _steps(ray, model_dir, cfg: LearnerConfig, batches) -> tuple[list[dict], list[dict]]:
     """One fresh rank-0 learner takes one train_step per batch; (metrics, weights) after each."""
-    from actors.learner import LearnerActor
+    from actors.learner_actor import LearnerActor
 
     actor = (
         ray.remote(LearnerActor)

@@ -124,7 +124,7 @@ def _capture_final_weights(monkeypatch) -> dict:
     import pipeline.orchestration.run as run_mod
 
     captured: dict = {}
-    kill = run_mod._kill
+    kill = run_mod.free_actors
 
     def capture_then_kill(actors):
         try:
@@ -136,7 +136,7 @@ def _capture_final_weights(monkeypatch) -> dict:
         finally:
             kill(actors)
 
-    monkeypatch.setattr(run_mod, "_kill", capture_then_kill)
+    monkeypatch.setattr(run_mod, "free_actors", capture_then_kill)
     return captured
 
 

@@ -9,18 +9,15 @@ import statistics
 import pytest
 import torch
 
+from pipeline.algorithm.adrs import adrs_advantages, adrs_centred_scores, adrs_schedule, tva_per_row
 from pipeline.algorithm.advantages import (
     RowAdvantages,
     RowInput,
-    adrs_advantages,
-    adrs_centred_scores,
-    adrs_schedule,
     anchor_groups,
     discounted_returns,
     gigpo_advantages,
     grpo_advantages,
     rows_from_groups,
-    tva_per_row,
 )
 from pipeline.core.types import Episode, EpisodeGroup, TurnRecord
 

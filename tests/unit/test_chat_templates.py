@@ -114,7 +114,7 @@ def test_a_base_model_without_template_is_refused_before_ray_starts(tiny_bytes_m
 
 
 def test_model_chat_template_gives_a_base_model_one_with_its_stop_token(tiny_bytes_model_dir, tmp_path):
-    from pipeline.orchestration.run import check_model
+    from pipeline.orchestration.launch import check_model
 
     base = _base_model_copy(tiny_bytes_model_dir, tmp_path / "base")
     cfg = compose(["model=hf_path", f"model.path={base}", "model.chat_template=chatml", "env=keyword"])

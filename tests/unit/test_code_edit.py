@@ -16,7 +16,7 @@ from envs.code_edit import rubric, sandbox, tools
 from envs.code_edit.env import CodeEditOptions
 from envs.code_edit.rubric import TurnLog
 from envs.code_edit.tasks import FAMILIES, SPECS, expert_responses, generate_task
-from envs.skills import load_bank
+from pipeline.context.skill_bank import load_bank
 
 FAST = sandbox.SandboxLimits(timeout_s=0.6)
 

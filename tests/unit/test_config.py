@@ -92,7 +92,7 @@ def test_every_experiment_recipe_composes_and_validates():
     ],
 )
 def test_a_split_the_env_does_not_have_fails_at_launch_naming_the_field(override, words):
-    from pipeline.orchestration.run import check_launch
+    from pipeline.orchestration.launch import check_launch
 
     check_launch(compose(["trainer.final_val_splits=[valid_unseen]"]))  # ALFWorld's third split
     with pytest.raises(ConfigError, match=words):

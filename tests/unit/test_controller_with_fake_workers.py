@@ -331,17 +331,13 @@ def test_fake_colocated_vllm_engines_sleep_exactly_while_the_learner_trains():
 class FakeScorer:
     """Stands in for the teacher scorer actor: records which loop asked it to score which group."""
 
-    class spec:  # the attribute surface of TeacherSpec the controller reads
-        source = "self"
-
-        @staticmethod
-        def selects(episode, row):
-            return True
-
     wants_weights = True
 
     def __init__(self, delay: float):
         self.delay, self.version, self.calls = delay, 0, []
+
+    def needs_scoring(self, group) -> bool:  # the surface of TeacherScorer the controller reads
+        return any(r.teacher_logprobs is None for r in group.rows())
 
     async def score(self, groups, step, min_version=0):
         self.calls.append((asyncio.current_task().get_name(), groups[0].seed))
@@ -613,7 +609,7 @@ def test_rollout_metrics_give_each_criterion_pass_rate_over_the_episodes_judged_
     """code_edit's tests_pass moves long before task success does; a criterion an episode has no
     verdict on (param_added_and_used outside add_param tasks) does not count against it."""
     from pipeline.core.types import CriterionResult
-    from pipeline.orchestration.controller import rollout_metrics
+    from pipeline.orchestration.step_metrics import rollout_metrics
 
     def ep(verdicts):
         return Episode(
@@ -691,7 +687,7 @@ def test_fake_an_env_that_fails_every_episode_stops_the_run_naming_the_error():
 
 
 def test_gap_statistics_of_the_teacher_and_its_noise_floor():
-    from pipeline.orchestration.controller import gap_statistics
+    from pipeline.orchestration.step_metrics import gap_statistics
 
     got = gap_statistics("noise", [([-1.0, -2.0], [-1.5, -1.0]), ([0.0], [0.0])])  # gaps 0.5, -1.0, 0.0
     assert got["noise/gap_mean"] == pytest.approx(-1 / 6)
@@ -722,6 +718,9 @@ class BehaviourScorer:
 
     def __init__(self, method):
         self.spec = method.teacher_spec()
+
+    def needs_scoring(self, group) -> bool:
+        return any(r.teacher_logprobs is None for e in group.episodes for r in e.turns if self.spec.selects(e, r))
 
     async def score(self, groups, step, min_version=0):
         for g in groups:

@@ -14,8 +14,8 @@ ALLOWED = {
     "pipeline.core": set(),
     "pipeline.models": {"pipeline.core"},
     "pipeline.algorithm": {"pipeline.core"},
-    "pipeline.context": {"pipeline.core", "envs"},
-    "pipeline.methods": {"pipeline.core", "pipeline.algorithm", "pipeline.context", "envs"},
+    "pipeline.context": {"pipeline.core"},
+    "pipeline.methods": {"pipeline.core", "pipeline.algorithm", "pipeline.context"},
     "pipeline.distributed": {"pipeline.core"},
     "actors": {
         "pipeline.core",
@@ -146,3 +146,15 @@ def test_only_the_registry_is_imported_from_outside_the_methods_package():
         if d.startswith("pipeline.methods.")
     ]
     assert not bad, bad
+
+
+def test_the_package_docstring_lists_the_layers_in_the_order_imports_go():
+    import re
+
+    import pipeline
+
+    order = [f"pipeline.{name}" for name in re.findall(r"^- ``(\w+)``", pipeline.__doc__, re.MULTILINE)]
+    assert set(order) == {layer for layer in ALLOWED if layer.startswith("pipeline.")}
+    for i, name in enumerate(order):
+        below = {m for m in ALLOWED[name] if m.startswith("pipeline.")}
+        assert below <= set(order[:i]), f"{name} imports {sorted(below - set(order[:i]))}, listed after it"

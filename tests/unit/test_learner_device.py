@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.learner import ds_config
+from actors.learner_setup import ds_config
 from pipeline.core.config import LearnerConfig
 from pipeline.core.microbatch import to_device
 from pipeline.core.types import AuxTerm, TrainBatch
@@ -70,7 +70,7 @@ def test_ds_accelerator_is_forced_to_cpu_only_without_cuda(monkeypatch):
 
 
 def test_lr_schedule_spans_every_optimizer_step_when_a_step_has_several_mini_batches():
-    from actors.learner import lr_lambda
+    from actors.learner_setup import lr_lambda
 
     total, k = 4, 2  # 4 training steps of 2 mini-batches = 8 optimizer steps
     cosine = lr_lambda(LearnerConfig(lr_schedule="cosine", mini_batches=k), total)

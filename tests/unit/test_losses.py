@@ -21,6 +21,7 @@ from pipeline.algorithm.losses import (
     token_mean,
 )
 from pipeline.algorithm.metrics import Reduce, reduce_micro_batches
+from pipeline.core.types import AUX_KINDS
 
 
 def X(lp, mask, n, *, prox=None, **kw) -> LossInputs:
@@ -483,7 +484,7 @@ def test_full_kl_rejects_logits_that_do_not_cover_the_response_tokens():
 
 
 def test_aux_registry_names_the_distillation_kinds_and_nll_with_one_typed_input():
-    assert set(AUX_LOSSES) == {"gated_surrogate", "k3_is", "full_kl", "nll"}
+    assert set(AUX_LOSSES) == set(AUX_KINDS) == {"sampled_surrogate", "k3_is", "full_kl", "nll"}
     lp = torch.tensor([[-1.0, -2.0]])
     logits = torch.zeros(2, 3)
     x = X(

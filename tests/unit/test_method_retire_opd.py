@@ -74,14 +74,14 @@ def test_k_n_is_the_learners_alignment_metric_not_the_engines_logprobs():
     m.credit(groups, 0)
     out = m.after_train_step(0, {"opd/alignment": 0.4, "opd/loss": 0.1})  # the learner measured 0.4
     assert out["opd/K"] == pytest.approx(0.4) and out["opd/retired"] == 0.0
-    assert m.controller.pending == [0.4]
+    assert m.retirement.pending == [0.4]
 
 
 def test_teacher_is_asked_for_until_retirement_and_never_after():
     m = method(window=2)
     asked = run_steps(m, SEQUENCE, window=2)
     assert asked == [0, 1, 2, 3, 4, 5]
-    assert m.retired and m.controller.retire_step == 6
+    assert m.retired and m.retirement.retire_step == 6
     metrics = m.on_validation(10, 0.5)
     assert metrics["opd/retired"] == 1.0 and metrics["opd/retire_step"] == 6.0
 
@@ -109,7 +109,7 @@ def test_state_dict_round_trip_stays_retired():
     fresh.load_state_dict(m.state_dict())
     assert not fresh.teacher_active(6)
     assert fresh.credit(groups_with_alignment(0.6), 6).aux_terms == []
-    assert fresh.controller.retire_step == 6
+    assert fresh.retirement.retire_step == 6
 
 
 def test_state_dict_round_trip_mid_window_continues_the_same_decision():
@@ -119,7 +119,7 @@ def test_state_dict_round_trip_mid_window_continues_the_same_decision():
     resumed = method(window=2)
     resumed.load_state_dict(half.state_dict())
     run_steps(resumed, SEQUENCE[5:6], window=2, start=5)
-    assert resumed.retired and resumed.controller.retire_step == whole.controller.retire_step
+    assert resumed.retired and resumed.retirement.retire_step == whole.retirement.retire_step
 
 
 def test_a_window_without_validation_says_to_set_val_every():
@@ -166,7 +166,7 @@ def test_adopting_the_phase_one_teacher_sets_path_and_success_rate(tmp_path):
     m.adopt_prerequisite(str(tmp_path), 0.8)
     spec = m.teacher_spec()
     assert (spec.source, spec.frozen_path, spec.placement) == ("frozen", str(tmp_path), "user")
-    assert m.teacher_active(0) and m.controller.teacher_success_rate == 0.8
+    assert m.teacher_active(0) and m.retirement.teacher_success_rate == 0.8
     assert m.state_dict()["teacher_path"] == str(tmp_path)
     assert read_teacher_success_rate(tmp_path) == 0.8  # stored with the teacher
 

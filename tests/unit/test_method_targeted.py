@@ -207,6 +207,25 @@ def test_sampled_estimator_asks_the_scorer_for_failed_turns_and_uses_k3_is():
     assert method.teacher_active(0)
 
 
+def test_the_scorer_decides_in_one_place_which_rows_it_scores_and_which_still_need_it():
+    """``TeacherScorer._items`` (the select part, then the provider) chooses the rows; the train
+    loop's "is this group scored?" asks the same function, so an unselected row without teacher
+    log-probs never makes a group look unscored. (The actor handle is unused: nothing is called.)"""
+    from actors.scorer import TeacherScorer
+
+    method = build("targeted_guidance", estimator="k3_is")
+    scorer = TeacherScorer(None, method.teacher_spec(), FakeFeedbackPrompts())
+    a, b = tg_groups()
+    rows, items = scorer._items([a])
+    assert [r.turn_index for r in rows] == [1, 0]  # a/ep1's failed turn 1, a/ep2's failed turn 0
+    assert [ids[-2:] for ids, _ in items][0] == [900 + len("fix tests"), 900 + len("be brief")]
+    assert scorer.needs_scoring(a)
+    for r in rows:
+        r.teacher_logprobs = [-0.5] * r.n_response
+    assert not scorer.needs_scoring(a)  # the passing turns were never to be scored
+    assert scorer.needs_scoring(b) and [r.turn_index for r in scorer._items([b])[0]] == [0]
+
+
 def test_sampled_estimator_fills_unscored_rows_with_zero_and_masks_them():
     groups = tg_groups()
     rows = [r for g in groups for r in g.rows()]

@@ -12,8 +12,9 @@ import pytest
 import torch
 from method_groups import PENALTY, build, scored_groups, unscored
 
-from pipeline.algorithm.advantages import adrs_advantages, gigpo_advantages, grpo_advantages, rows_from_groups
-from pipeline.algorithm.losses import AUX_LOSSES, AUX_NEEDS_LOGITS, LossInputs
+from pipeline.algorithm.adrs import adrs_advantages
+from pipeline.algorithm.advantages import gigpo_advantages, grpo_advantages, rows_from_groups
+from pipeline.algorithm.losses import AUX_NEEDS_LOGITS, LossInputs, aux_loss
 from pipeline.methods import available_methods, build_method, load_preset
 from pipeline.orchestration.batches import build_train_batch, rows_of
 
@@ -30,9 +31,10 @@ PAPERS = [
     "adrs",
     "targeted_guidance",
 ]
-COMBINATIONS = ["gated_retire_opd", "retiring_targeted_guidance", "sdar_hints", "hint_distill"]  # YAML only, no paper
 CONTROLS = ["null_baseline", "hint_imitation"]  # the method comparison's controls (docs/methods.md)
-ALL = PAPERS + COMBINATIONS + CONTROLS
+# Every preset is found where users put one (a new YAML needs no edit here); the papers' methods
+# and the controls are named, so that losing one of them fails.
+ALL = sorted(p.stem for p in CONF.glob("*.yaml"))
 
 
 def _sig(x: float) -> float:
@@ -56,8 +58,9 @@ def assert_nested_close(got: list[list[float]], want: list[list[float]], tol: fl
 # ----- registry and presets -------------------------------------------------------------------------
 
 
-def test_registry_holds_every_preset():
-    assert sorted(available_methods()) == sorted(ALL)
+def test_registry_holds_every_preset_and_the_papers_and_controls_are_among_them():
+    assert available_methods() == ALL
+    assert set(PAPERS + CONTROLS) <= set(ALL)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -137,22 +140,21 @@ def test_every_method_credit_fits_the_train_batch_builder(name):
 
     groups = scored_groups()
     groups[0].episodes[1].criteria = [_failed("format", 1)]
-    options = (
-        {"teacher_path": "/teacher", "teacher_success_rate": 0.5} if name in ("retire_opd", "gated_retire_opd") else {}
-    )
-    method = build(name, **options)
+    method = build(name)
+    if method.teacher.needs_first_phase:  # a frozen teacher trained first: give it one instead
+        method = build(name, teacher_path="/teacher", teacher_success_rate=0.5)
     method.attach(FakePrompts())
     step = 30  # inside ADRS's shaping window
     assert method.teacher_active(step) == (method.teacher_spec() is not None)
     credit = method.credit(groups, step)
     batch = build_train_batch(rows_of(groups), credit, pad_id=0, default_entropy_coef=0.001)
     assert batch.advantages.shape == batch.input_ids.shape
-    needs = {"gated_surrogate": {"teacher_logprobs"}, "k3_is": {"teacher_logprobs"}, "full_kl": {"distill_mask"}}
+    needs = {"sampled_surrogate": {"teacher_logprobs"}, "k3_is": {"teacher_logprobs"}, "full_kl": {"distill_mask"}}
     for term in batch.aux_terms:
         assert needs[term.kind] <= set(batch.aux), (name, term.kind)
         assert term.kind != "full_kl" or batch.teacher_input_ids is not None
         if term.kind not in AUX_NEEDS_LOGITS:  # the loss runs on the batch as the learner hands it over
-            loss, _ = AUX_LOSSES[term.kind](_inputs(batch, grad=True), **term.params)
+            loss, _ = aux_loss(_inputs(batch, grad=True), term)
             assert torch.isfinite(loss)
 
 
@@ -242,7 +244,7 @@ def _learner_gate_mean(groups, credit) -> tuple[float, dict]:
     """Run the SDAR term as the learner would, with the current log-probs = behaviour log-probs."""
     batch = build_train_batch(rows_of(groups), credit, pad_id=0, default_entropy_coef=0.0)
     [term] = batch.aux_terms
-    _, m = AUX_LOSSES[term.kind](_inputs(batch), **term.params)
+    _, m = aux_loss(_inputs(batch), term)
     return float(m["gate_mean"].value), {k: v.value for k, v in m.items()}
 
 
@@ -252,7 +254,7 @@ def test_sdar_term_carries_beta_and_the_loss_gates_with_the_current_logprobs():
     assert credit.aux["teacher_logprobs"] == [r.teacher_logprobs for r in rows_of(groups)]
     assert "distill_weight" not in credit.aux  # the gate follows the learner's current policy
     [term] = credit.aux_terms
-    assert (term.name, term.kind, term.coef, term.params) == ("sdar", "gated_surrogate", 0.01, {"beta": 5.0})
+    assert (term.name, term.kind, term.coef, term.gate_beta) == ("sdar", "sampled_surrogate", 0.01, 5.0)
     assert credit.policy_loss_coef == 1.0 and credit.entropy_coef is None
     assert_nested_close(credit.advantages, per_row(groups, grpo_rows(groups)))
     gates = [g for row in _gates(groups, 5.0) for g in row]
@@ -264,7 +266,7 @@ def test_sdar_term_carries_beta_and_the_loss_gates_with_the_current_logprobs():
 def test_sdar_paper_beta_and_lambda_reach_the_gate_and_the_coefficient():
     groups = scored_groups()
     credit = build("sdar", beta=10.0, lam=0.1).credit(groups, 0)
-    assert credit.aux_terms[0].params == {"beta": 10.0}
+    assert credit.aux_terms[0].gate_beta == 10.0
     gates = [g for row in _gates(groups, 10.0) for g in row]
     assert _learner_gate_mean(groups, credit)[0] == pytest.approx(sum(gates) / len(gates), abs=1e-6)
     assert credit.aux_terms[0].coef == 0.1
@@ -287,11 +289,11 @@ def test_opsd_is_the_sdar_term_without_the_policy_loss():
 def test_grpo_opsd_gate_is_one_half_on_every_token():
     groups = scored_groups()
     credit = build("grpo_opsd").credit(groups, 0)
-    assert credit.aux_terms[0].params == {"beta": 0.0}
+    assert credit.aux_terms[0].gate_beta == 0.0
     gate_mean, m = _learner_gate_mean(groups, credit)
     assert gate_mean == pytest.approx(0.5) and float(m["gate_active_ratio"]) == 0.0
     assert credit.policy_loss_coef == 1.0
-    assert (credit.aux_terms[0].kind, credit.aux_terms[0].coef) == ("gated_surrogate", 0.01)
+    assert (credit.aux_terms[0].kind, credit.aux_terms[0].coef) == ("sampled_surrogate", 0.01)
 
 
 def test_skill_sd_adds_a_thousandth_of_k3_is_towards_the_skill_self_teacher():

@@ -11,8 +11,8 @@ import pytest
 from pipeline.core.config import ConfigError, PrivyConfig
 from pipeline.distributed.placement import (
     ActorPlacement,
-    Placement,
     PlacementError,
+    Reservation,
     check_gpus,
     check_launch_gpus,
     plan_placement,
@@ -85,9 +85,9 @@ def test_placement_none_makes_no_group_and_keeps_the_actors_own_requests():
     assert plan.strategy is None and plan.bundles == []
     assert all(a.bundle is None for a in [*plan.learners, *plan.rollouts, plan.scorer])
     assert plan.gpus == 4
-    opts = Placement(plan).learner(0)
+    opts = Reservation(plan).learner(0)
     assert opts == {"num_cpus": 1, "num_gpus": 1}  # no scheduling_strategy: Ray's default
-    assert Placement(plan_placement(_cfg(placement="none"), with_scorer=False)).rollout(0) == {"num_cpus": 1}
+    assert Reservation(plan_placement(_cfg(placement="none"), with_scorer=False)).rollout(0) == {"num_cpus": 1}
 
 
 # ----- errors --------------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ def test_check_launch_refuses_gpus_on_a_local_ray_without_them():
     import ray
     import torch
 
-    from pipeline.orchestration.run import check_launch
+    from pipeline.orchestration.launch import check_launch
 
     if torch.cuda.is_available() or (ray.is_initialized() and ray.cluster_resources().get("GPU")):
         pytest.skip("needs a machine without CUDA")

@@ -474,7 +474,7 @@ def test_later_prompts_show_each_action_followed_by_its_result_within_history_le
 
 
 def test_skill_bank_loads_and_covers_the_env_task_types():
-    from envs.skills import SkillRetriever, load_bank
+    from pipeline.context.skill_bank import SkillRetriever, load_bank
 
     bank = load_bank("search_qa")
     bank.check_task_types(["single_hop", "multi_hop"])

@@ -73,7 +73,7 @@ def test_the_policy_gradient_is_the_whole_batchs():
 def test_batches_that_an_aux_term_reads_stay_whole():
     batch = _batch([0.0, 1.0, 0.0], [6, 6, 6])
     batch.aux = {"teacher_logprobs": torch.zeros_like(batch.advantages)}
-    batch.aux_terms = [AuxTerm(name="sdar", kind="gated_surrogate", coef=0.1)]
+    batch.aux_terms = [AuxTerm(name="sdar", kind="sampled_surrogate", coef=0.1)]
     assert drop_silent_rows(batch) is batch
 
 

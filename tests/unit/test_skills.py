@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from envs.skills import (
+from pipeline.context.skill_bank import (
     Mistake,
     RetrievalMode,
     Skill,

@@ -154,7 +154,7 @@ def test_the_cache_key_follows_every_input(tmp_path):
 
 def test_an_env_without_an_expert_fails_at_launch():
     from pipeline.core.config import ConfigError
-    from pipeline.orchestration.run import check_launch
+    from pipeline.orchestration.launch import check_launch
     from pipeline.tools.cli import compose
 
     with pytest.raises(ConfigError, match="warm_start.enabled=true: env 'gym_text' has no expert"):

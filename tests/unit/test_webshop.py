@@ -6,7 +6,6 @@ import random
 import pytest
 
 from envs import make_env
-from envs.skills import load_bank
 from envs.webshop.catalog import (
     PRODUCT_TYPES,
     SPLITS,
@@ -20,6 +19,7 @@ from envs.webshop.catalog import (
 )
 from envs.webshop.engine import SEP, SearchIndex, WebShopEngine, tokenize
 from envs.webshop.reward import fuzzy_match, get_reward
+from pipeline.context.skill_bank import load_bank
 
 
 def act(action: str, think: str = "ok") -> str:

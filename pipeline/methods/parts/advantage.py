@@ -19,6 +19,7 @@ from pipeline.methods.parts.base import Part, part
 @part
 class Grpo(Part):
     slot, kind = "advantage", "grpo"
+    unit = "row"  # what an advantage is computed for (ADRS's L2 shapes a row advantage)
 
     @dataclasses.dataclass
     class Options:
@@ -36,10 +37,15 @@ class Grpo(Part):
             norm_std=self.opts.norm_std,
         )
 
+    def step_options(self) -> dict:
+        """The discount and anchor matching ADRS uses (a row advantage has no anchor states)."""
+        return {"gamma": 0.95, "similarity_threshold": None}
+
 
 @part
 class Gigpo(Part):
     slot, kind = "advantage", "gigpo"
+    unit = "anchor"  # ADRS's L3 shapes an anchor-step advantage
 
     @dataclasses.dataclass
     class Options:
@@ -70,3 +76,6 @@ class Gigpo(Part):
             mean_std_across_rows=o.mean_std_across_rows,
             norm_std=o.norm_std,
         )
+
+    def step_options(self) -> dict:
+        return {"gamma": self.opts.gamma, "similarity_threshold": self.opts.similarity_threshold}

@@ -15,14 +15,19 @@ from pipeline.methods.parts.base import PARTS, Part, part
 @part
 class NoContext(Part):
     slot, kind = "context", "none"
-    provider: ContextProvider | None = None
+
+    def build_provider(self, *, env_name: str, seed: int, always_on: bool) -> ContextProvider | None:
+        return None
 
 
 def _context_part(provider_cls: type[ContextProvider]) -> type[Part]:
     class ContextPart(Part):
         slot, kind = "context", provider_cls.kind
         Options = provider_cls.Options
-        provider: ContextProvider | None = None  # built by the method (it needs the select part)
+
+        def build_provider(self, *, env_name: str, seed: int, always_on: bool) -> ContextProvider:
+            """The provider (built by the method: ``always_on`` is the select part's)."""
+            return provider_cls(self.opts, env_name=env_name, seed=seed, always_on=always_on)
 
     ContextPart.__name__ = f"{provider_cls.kind.title()}Context"
     return part(ContextPart)
@@ -41,8 +46,10 @@ sync_context_parts()
 @part
 class PlainStudent(Part):
     slot, kind = "student", "plain"
+    carries_context = False
 
 
 @part
 class ContextStudent(Part):
     slot, kind = "student", "context"
+    carries_context = True

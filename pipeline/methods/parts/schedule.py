@@ -19,13 +19,19 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from pipeline.algorithm.advantages import adrs_schedule
-from pipeline.algorithm.retirement import RetirementController
+from pipeline.algorithm.adrs import adrs_schedule
+from pipeline.algorithm.retirement import RetirementRule
 from pipeline.methods.options import check_types, require
 from pipeline.methods.parts.base import Part, part
 
 
 class Schedule(Part):
+    rule: RetirementRule | None = None  # the retirement state, where there is one
+    retired = False
+
+    def set_teacher_success_rate(self, success_rate: float) -> None:
+        """SR_T, once known (a frozen teacher's, read or adopted)."""
+
     def scale(self, step: int) -> float:
         return 1.0
 
@@ -127,22 +133,25 @@ class Retirement(Schedule):
 
     def __init__(self, opts, setting):
         super().__init__(opts, setting)
-        self.controller = RetirementController(
+        self.rule = RetirementRule(
             teacher_success_rate=None, window=opts.window, delta=opts.delta, gamma=opts.gamma, prefix=setting.prefix
         )
 
     @property
     def retired(self) -> bool:
-        return self.controller.retired
+        return self.rule.retired
+
+    def set_teacher_success_rate(self, success_rate: float) -> None:
+        self.rule.teacher_success_rate = success_rate
 
     def scale(self, step: int) -> float:
-        return 0.0 if self.controller.retired else 1.0
+        return 0.0 if self.rule.retired else 1.0
 
     def metrics(self, step: int) -> dict[str, float]:
-        return self.controller.metrics() if self.controller.retired else {}
+        return self.rule.metrics() if self.rule.retired else {}
 
     def check(self, step: int) -> None:
-        if self.controller.needs_validation:
+        if self.rule.needs_validation:
             raise RuntimeError(
                 f"{self.setting.method}: a window of {self.opts.window} steps ended before step "
                 f"{step + 1} without a validation; set trainer.val_every={self.opts.window} "
@@ -151,20 +160,20 @@ class Retirement(Schedule):
 
     def after_train_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         key = f"{self.setting.prefix}/alignment"
-        if self.controller.retired or key not in metrics:
-            return self.controller.metrics()
-        return self.controller.record_step(step + 1, float(metrics[key]))
+        if self.rule.retired or key not in metrics:
+            return self.rule.metrics()
+        return self.rule.record_step(step + 1, float(metrics[key]))
 
     def on_validation(self, step: int, success_rate: float, teacher_success_rate: float | None) -> dict[str, float]:
-        if self.controller.needs_validation:
-            return self.controller.end_window(success_rate, teacher_success_rate)
-        return self.controller.metrics()
+        if self.rule.needs_validation:
+            return self.rule.end_window(success_rate, teacher_success_rate)
+        return self.rule.metrics()
 
     def required_val_every(self) -> int:
         return self.opts.window
 
     def state_dict(self) -> dict:
-        return self.controller.state_dict()
+        return self.rule.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.controller.load_state_dict(state)
+        self.rule.load_state_dict(state)

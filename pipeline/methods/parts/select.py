@@ -16,11 +16,11 @@ from pipeline.methods.options import check_types
 from pipeline.methods.parts.base import Part, part
 
 
-@part
-class AllRows(Part):
-    slot, kind = "select", "all"
-    always_on = False
-    masks = False  # every token counts: the batch needs no distill mask
+class Select(Part):
+    """The default: every row, every token."""
+
+    always_on = False  # every row of an episode with a failed criterion (the feedback provider reads it)
+    masks = False  # True: the batch carries a distill mask, rows not selected are not scored
 
     def selected(self, episode: Episode, row: TurnRecord) -> bool:
         return True
@@ -30,7 +30,12 @@ class AllRows(Part):
 
 
 @part
-class FailedTurns(Part):
+class AllRows(Select):
+    slot, kind = "select", "all"
+
+
+@part
+class FailedTurns(Select):
     slot, kind = "select", "failed_turns"
     masks = True
 

@@ -28,7 +28,7 @@
   the term is the mean over demonstration tokens, not over every token of the batch). So "distil
   from a teacher told the answer" can be set beside "be shown the answer".
 - ``shaping`` (ADRS): per-token advantages ``A_t = A_row + clip(eta * scale * Z_t, -c_g, c_g)``
-  from centred teacher scores and the TVA gate (``pipeline.algorithm.advantages.adrs_advantages``);
+  from centred teacher scores and the TVA gate (``pipeline.algorithm.adrs.adrs_advantages``);
   ``level: L2`` on a ``grpo`` advantage (unit = row), ``L3`` on ``gigpo`` (unit = anchor step).
 """
 
@@ -37,29 +37,44 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from pipeline.algorithm.advantages import adrs_advantages
+from pipeline.algorithm.adrs import adrs_advantages
 from pipeline.core.types import AuxTerm
 from pipeline.methods.options import check_types, require
 from pipeline.methods.parts.base import Part, part
 
-ESTIMATORS = ("sampled_surrogate", "k3_is", "full_kl")
-KIND_OF = {"sampled_surrogate": "gated_surrogate", "k3_is": "k3_is", "full_kl": "full_kl"}
+ESTIMATORS = ("sampled_surrogate", "k3_is", "full_kl")  # each the kind of the aux loss it adds
 WEIGHTS = ("none", "gate")
 
 
-@part
-class NoSignal(Part):
-    slot, kind = "signal", "none"
+class Signal(Part):
+    """What the method asks of any signal part (the defaults are "no signal")."""
+
+    needs_teacher = True  # False: a control, trained without a teacher
+    learner_side = False  # True: the learner runs the teacher forward (no scorer)
 
     def coef(self) -> float:
+        """The signal's strength (0: off, the teacher is never asked)."""
         return 0.0
 
     def apply(self, job) -> None:
-        pass
+        """Add the signal to ``job.credit`` (``job``: a ``pipeline.methods.method.CreditJob``)."""
+
+    def check(self, advantage: Part, teacher: Part) -> None:
+        """Raise when the method's other parts cannot carry this signal."""
+        require(
+            not self.needs_teacher or teacher.source is not None,
+            f"method={self.setting.method}: signal {self.kind} needs a teacher (parts.teacher=self or frozen)",
+        )
 
 
 @part
-class AuxLoss(Part):
+class NoSignal(Signal):
+    slot, kind = "signal", "none"
+    needs_teacher = False
+
+
+@part
+class AuxLoss(Signal):
     slot, kind = "signal", "aux"
 
     @dataclasses.dataclass
@@ -97,14 +112,21 @@ class AuxLoss(Part):
     def coef(self) -> float:
         return self.opts.lam
 
+    def check(self, advantage: Part, teacher: Part) -> None:
+        require(
+            not self.learner_side or teacher.source == "self",
+            f"method={self.setting.method}: estimator full_kl runs the teacher in the learner with "
+            "the current weights: it needs parts.teacher=self",
+        )
+        super().check(advantage, teacher)
+
     def apply(self, job) -> None:
-        """Fill ``job.credit`` with the term (``job``: a ``pipeline.methods.method.CreditJob``)."""
         o, credit = self.opts, job.credit
         credit.policy_loss_coef = o.pg_coef
         if job.scale <= 0.0:
             return  # off this step: no term, no teacher needed
-        params = {"beta": float(o.beta)} if o.weight == "gate" else {}
-        term = AuxTerm(name=self.setting.prefix, kind=KIND_OF[o.estimator], coef=o.lam * job.scale, params=params)
+        beta = float(o.beta) if o.weight == "gate" else None
+        term = AuxTerm(name=self.setting.prefix, kind=o.estimator, coef=o.lam * job.scale, gate_beta=beta)
         if o.estimator == "full_kl":
             masks = job.token_masks()
             if not any(any(m) for m in masks):
@@ -122,9 +144,9 @@ class AuxLoss(Part):
 
 
 @part
-class NullAdvantage(Part):
+class NullAdvantage(Signal):
     slot, kind = "signal", "null"
-    learner_side = False
+    needs_teacher = False
 
     @dataclasses.dataclass
     class Options:
@@ -147,9 +169,9 @@ class NullAdvantage(Part):
 
 
 @part
-class Imitate(Part):
+class Imitate(Signal):
     slot, kind = "signal", "imitate"
-    learner_side = False
+    needs_teacher = False
     demonstrations = True  # the controller asks the rollout workers for the hinted expert's episode
 
     @dataclasses.dataclass
@@ -185,8 +207,9 @@ STD_MODES = ("per_seq", "global")
 
 
 @part
-class Shaping(Part):
+class Shaping(Signal):
     slot, kind = "signal", "shaping"
+    UNIT_OF_LEVEL = {"L2": ("row", "grpo"), "L3": ("anchor", "gigpo")}  # shaped unit, the advantage that has it
 
     @dataclasses.dataclass
     class Options:
@@ -218,10 +241,17 @@ class Shaping(Part):
             )
             require(self.eta >= 0.0, f"method={method}: method.eta={self.eta} must be >= 0")
 
-    learner_side = False
-
     def coef(self) -> float:
         return self.opts.eta
+
+    def check(self, advantage: Part, teacher: Part) -> None:
+        unit, kind = self.UNIT_OF_LEVEL[self.opts.level]
+        require(
+            advantage.unit == unit,
+            f"method={self.setting.method}: method.level={self.opts.level} shapes a {kind} "
+            f"advantage; set method.parts.advantage={kind}",
+        )
+        super().check(advantage, teacher)
 
     def apply(self, job) -> None:
         o = self.opts
@@ -229,7 +259,6 @@ class Shaping(Part):
         job.credit.metrics[f"{self.setting.prefix}/eta_s"] = eta_s
         if eta_s <= 0.0:
             return
-        gigpo = job.advantage_part.kind == "gigpo"
         teacher, _ = job.teacher_logprobs()
         per_token, m = adrs_advantages(
             job.rows,
@@ -244,33 +273,10 @@ class Shaping(Part):
             clip=o.clip,
             adaptive_clip=o.adaptive_clip,
             invalid_penalty=self.setting.invalid_action_penalty,
-            gamma=job.advantage_part.opts.gamma if gigpo else 0.95,
-            similarity_threshold=job.advantage_part.opts.similarity_threshold if gigpo else None,
+            **job.step_options,
         )
         job.credit.advantages = [t.tolist() for t in per_token]
         job.credit.metrics.update(m)
 
 
-def check_signal(signal: Part, advantage: Part, teacher: Part, method: str) -> None:
-    """Combinations of parts the signal cannot work with."""
-    if signal.kind == "shaping":
-        want = "gigpo" if signal.opts.level == "L3" else "grpo"
-        require(
-            advantage.kind == want,
-            f"method={method}: method.level={signal.opts.level} shapes a {want} "
-            f"advantage; set method.parts.advantage={want}",
-        )
-    if signal.kind == "aux" and signal.opts.estimator == "full_kl":
-        require(
-            teacher.kind == "self",
-            f"method={method}: estimator full_kl runs the teacher in the learner with "
-            "the current weights: it needs parts.teacher=self",
-        )
-    if signal.kind not in ("none", "null", "imitate"):  # the two controls have no teacher
-        require(
-            teacher.kind != "none",
-            f"method={method}: signal {signal.kind} needs a teacher (parts.teacher=self or frozen)",
-        )
-
-
-__all__ = ["ESTIMATORS", "check_signal"]
+__all__ = ["ESTIMATORS", "Signal"]

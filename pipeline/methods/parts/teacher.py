@@ -42,20 +42,41 @@ def read_teacher_success_rate(hf_dir: str | Path) -> float:
     return float(json.loads(path.read_text())["success_rate"])
 
 
+class Teacher(Part):
+    """What the method asks of any teacher part (the defaults are "no teacher")."""
+
+    source: str | None = None  # "self" | "frozen": whose weights the scorer loads; None = no teacher
+    path: str | None = None  # HF dir of a frozen teacher
+    success_rate: float | None = None  # SR_T, known for a frozen teacher
+
+    @property
+    def needs_first_phase(self) -> bool:
+        """Whether a first phase must train this teacher before the method can run."""
+        return False
+
+    def check_ready(self) -> None:
+        """Raise when the teacher cannot score yet."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
 @part
-class NoTeacher(Part):
+class NoTeacher(Teacher):
     slot, kind = "teacher", "none"
-    source = None
 
 
 @part
-class SelfTeacher(Part):
+class SelfTeacher(Teacher):
     slot, kind = "teacher", "self"
     source = "self"
 
 
 @part
-class FrozenTeacher(Part):
+class FrozenTeacher(Teacher):
     slot, kind = "teacher", "frozen"
     source = "frozen"
 
@@ -80,14 +101,26 @@ class FrozenTeacher(Part):
 
     def __init__(self, opts, setting):
         super().__init__(opts, setting)
-        self.path: str | None = opts.teacher_path
+        self.path = opts.teacher_path
         sr = opts.teacher_success_rate
         if sr is None and self.path is not None:
             try:
                 sr = read_teacher_success_rate(self.path)
             except ValueError as e:
                 raise ValueError(f"method={setting.method}: {e}") from None
-        self.success_rate: float | None = sr
+        self.success_rate = sr
+
+    @property
+    def needs_first_phase(self) -> bool:
+        return self.path is None
+
+    def check_ready(self) -> None:
+        if self.path is None:
+            raise RuntimeError(
+                f"method={self.setting.method} has no teacher: set method.teacher_path=<phase-1 HF dir> (with "
+                "method.teacher_success_rate or its teacher.json), or launch with the two-phase "
+                "command, which trains the teacher first"
+            )
 
     def adopt(self, hf_dir: str, success_rate: float) -> None:
         if not (math.isfinite(success_rate) and 0.0 <= success_rate <= 1.0):

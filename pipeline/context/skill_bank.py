@@ -4,8 +4,9 @@ A bank is ``{"general_skills": [skill], "task_specific_skills": {task_type: [ski
 "common_mistakes": [mistake], "metadata": {...}}`` with skill = ``{skill_id, title, principle,
 when_to_apply}`` and mistake = ``{mistake_id, description, why_it_happens, how_to_avoid}`` (extra
 keys are allowed and ignored). ``load_bank("alfworld")`` reads the packaged
-``envs/skill_banks/alfworld.json``; ``load_bank(path)`` reads any file in the schema, so SkillRL's
-own banks load too.
+``envs/skill_banks/alfworld.json`` (each env ships its bank as package data; this module only
+reads the files, it imports nothing of ``envs``); ``load_bank(path)`` reads any file in the
+schema, so SkillRL's own banks load too.
 
 Keyword rules live in the bank's ``metadata`` (our extension; SkillRL hard-codes them in Python),
 so one classifier serves every bank::

@@ -1,0 +1,98 @@
+"""What a learner rank is set up with: the DeepSpeed config for our own micro-batching, the lr
+schedule, DeepSpeed's process group on a store the ranks meet at, and the tokenizer files a
+checkpoint's HF model carries."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from pipeline.core.config import LearnerConfig
+
+
+def ds_config(cfg: LearnerConfig, dtype: str) -> dict:
+    """The DeepSpeed config for our own micro-batching (batch sizes are nominal); ``dtype`` is
+    the resolved ``learner.precision`` (bf16 = bf16 compute with fp32 master weights)."""
+    conf = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if dtype == "bf16":
+        conf["bf16"] = {"enabled": True}
+    # ZeRO-Offload: optimizer state (ZeRO >= 1) and parameters (ZeRO-3) in pinned CPU memory.
+    if cfg.offload_optimizer:
+        conf["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if cfg.offload_params:
+        conf["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return conf
+
+
+def lr_lambda(cfg: LearnerConfig, total_steps: int):
+    """The lr multiplier of optimizer step ``k`` (the scheduler steps once per mini-batch).
+
+    ``warmup_steps`` and ``total_steps`` count training steps, each of ``learner.mini_batches``
+    optimizer steps, so the schedule runs over ``total_steps * mini_batches`` optimizer steps:
+    linear warmup over the first ``warmup_steps * mini_batches``, then constant or cosine to 0 at
+    the last one.
+    """
+    per_step = cfg.mini_batches
+    warmup, total = cfg.warmup_steps * per_step, total_steps * per_step
+
+    def f(k: int) -> float:
+        if warmup and k < warmup:
+            return (k + 1) / warmup
+        if cfg.lr_schedule == "cosine":
+            span = max(1, total - warmup)
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (k - warmup) / span)))
+        return 1.0
+
+    return f
+
+
+def copy_tokenizer(model_path: str, out: Path) -> None:
+    import shutil
+
+    for name in os.listdir(model_path):
+        if name.startswith("tokenizer") or name in (
+            "chat_template.jinja",
+            "special_tokens_map.json",
+            "generation_config.json",
+        ):
+            shutil.copy2(os.path.join(model_path, name), out / name)
+
+
+def init_process_group_env(rank: int, world_size: int, master_addr: str, store) -> None:
+    """Form DeepSpeed's process group on ``store`` (rank 0 hosts it, ``rendezvous.host_store``;
+    the others joined it). Runs in the Ray shell, never in ``LearnerWorker.__init__``."""
+    import deepspeed
+    from deepspeed.constants import default_pg_timeout
+
+    # DeepSpeed and its CPU shared-memory collectives still read these.
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(store.port),
+        }
+    )
+    cuda = torch.cuda.is_available()
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
+    if cuda:
+        # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU(s): its device is always local 0.
+        torch.cuda.set_device(0)
+    backend = "nccl" if cuda else "gloo"
+    torch.distributed.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size, timeout=default_pg_timeout
+    )
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the group
