@@ -7,6 +7,7 @@ The controller only awaits ``run_group`` / ``train_step`` / ``publish`` / ``save
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 from pipeline.algorithm.metrics import combine, values
@@ -93,18 +94,20 @@ class Restartable:
             cause = TimeoutError(f"no answer to {method} within {setting}={timeout_s:g} s: killed as hung")
             raise ActorDied(self, gen, cause) from None
 
-    async def revive(self, generation: int, weights) -> bool:
+    async def revive(self, generation: int, weights, *, forever: bool = False) -> bool:
         """Bring the actor back after the death seen at ``generation``; ``weights`` is the last
-        published packet's ref (None: the initial weights are current). Returns whether this call
-        restored it (False: another caller already had). Raises RuntimeError when Ray will not
-        restart it (``cluster.max_restarts`` used up)."""
+        published packet's ref (None: the initial weights are current, or the caller gives them).
+        Ray gets ``restart_timeout_s`` to restart it, or with ``forever`` as long as it takes (a
+        worker whose node is gone comes back once a node with room joins). Returns whether this
+        call restored it (False: another caller already had). Raises RuntimeError when Ray will
+        not restart it (``cluster.max_restarts`` used up) or it is not back in time."""
         import ray.exceptions as rx
 
         self._revive_lock = self._revive_lock or asyncio.Lock()
         async with self._revive_lock:
             if self.generation > generation:
                 return False
-            deadline = time.monotonic() + self.restart_timeout_s
+            deadline = math.inf if forever else time.monotonic() + self.restart_timeout_s
             while True:  # calls made while Ray restarts it wait or report it unavailable
                 try:
                     await self.actor.hardware.remote()

@@ -59,6 +59,10 @@ def _check_rollout(cfg: PrivyConfig) -> None:
     r, lr = cfg.rollout, cfg.learner
     _require(r.engine in ("hf", "vllm"), f"rollout.engine={r.engine!r}: use hf or vllm")
     _require(r.num_workers >= 1, "rollout.num_workers must be >= 1")
+    _require(
+        r.min_workers is None or 1 <= r.min_workers <= r.num_workers,
+        f"rollout.min_workers={r.min_workers} must be in [1, rollout.num_workers={r.num_workers}] (or null: all)",
+    )
     _require(r.group_size >= 1, "rollout.group_size must be >= 1")
     _require(r.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
     _require(r.max_prompt_tokens >= 64, "rollout.max_prompt_tokens must be >= 64")

@@ -46,6 +46,10 @@ class VLLMConfig:
 class RolloutConfig:
     engine: str = "hf"  # hf | vllm
     num_workers: int = 1  # rollout actors, >= 1
+    # A worker lost for good (its node gone, no node with room): the run goes on while at least
+    # this many remain, and takes the worker back when Ray can place it again (a node joins).
+    # null = num_workers: the run waits for a lost worker (up to 900 s), then stops with a checkpoint.
+    min_workers: int | None = None
     group_size: int = 4  # G episodes per task (one GRPO group), >= 2 for GRPO statistics
     max_new_tokens: int = 96  # per assistant turn
     max_prompt_tokens: int = 1536  # history is cut (oldest first) to fit; the task is never cut

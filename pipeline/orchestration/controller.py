@@ -37,7 +37,7 @@ from pipeline.orchestration.batches import build_train_batch, drop_silent_rows, 
 from pipeline.orchestration.buffer import GroupBuffer
 from pipeline.orchestration.logging import EventLog, OutcomeLog
 from pipeline.orchestration.saving import Saving
-from pipeline.orchestration.step_metrics import rollout_metrics, teacher_metrics
+from pipeline.orchestration.step_metrics import rollout_metrics, step_timing, teacher_metrics
 from pipeline.orchestration.stopping import StopRequest
 from pipeline.orchestration.supervision import Supervision
 from pipeline.orchestration.validation import Validation
@@ -107,6 +107,10 @@ class Controller(Supervision, Saving, Validation):
             self.buffer.synced_version = self.state.step
             self.buffer.started = self.state.step * t.groups_per_step
         self._retry = list(self.state.in_flight)  # groups lost in flight at the last checkpoint
+        self._away: set[int] = set()  # workers lost that the run goes on without (supervision.py)
+        self._rejoins: list[asyncio.Task] = []  # ... each waiting for Ray to place it again
+        self._joining: set[int] = set()  # ... placed again, taking the current weights
+        self._min_workers = cfg.rollout.min_workers or len(workers)
         self._env_error_streak: dict[int, int] = {}  # task index -> groups in a row the env failed whole
         self.state.in_flight = []
         self._stop = StopRequest()
@@ -147,10 +151,7 @@ class Controller(Supervision, Saving, Validation):
     async def run(self) -> list[dict[str, float]]:
         t = self.cfg.trainer
         n_loops = (t.max_policy_lag + 1) * t.groups_per_step if t.total_steps else 0  # 0: evaluate only
-        rollouts = [
-            asyncio.create_task(self._rollout_loop(self.workers[i % len(self.workers)]), name=f"rollout{i}")
-            for i in range(n_loops)
-        ]
+        rollouts = [asyncio.create_task(self._rollout_loop(i), name=f"rollout{i}") for i in range(n_loops)]
         self._trainer = trainer = asyncio.create_task(self._train_loop(), name="train")
         try:
             done, _ = await asyncio.wait([trainer, *rollouts], return_when=asyncio.FIRST_COMPLETED)
@@ -162,7 +163,7 @@ class Controller(Supervision, Saving, Validation):
                 if not (task is trainer and self.aborted):
                     task.result()
         finally:
-            await _cancel_all([trainer, *rollouts])
+            await _cancel_all([trainer, *rollouts, *self._rejoins])
         if self.aborted:
             raise Aborted(f"aborted during step {self.state.step + 1} (a second stop request)")
         return self.history
@@ -174,10 +175,11 @@ class Controller(Supervision, Saving, Validation):
         self.state.next_task += 1
         return idx
 
-    async def _rollout_loop(self, worker) -> None:
+    async def _rollout_loop(self, slot: int) -> None:
         cfg, st = self.cfg, self.state
         while True:  # cancelled by run() once the train loop has ended
             ticket = await self.buffer.acquire_start()
+            worker = self._worker_for(slot)
             idx = self._next_task_index()
             st.in_flight.append(idx)
             self._playing(+1)
@@ -207,7 +209,7 @@ class Controller(Supervision, Saving, Validation):
                 self._retry.insert(0, idx)
                 st.replayed += 1
                 self.events.record("replay", step=st.step, task=idx, actor=e.handle.name)
-                await self._revive(e)
+                await self._worker_lost(e)
                 continue
             except BaseException:
                 await self.buffer.release_start(ticket)
@@ -326,11 +328,11 @@ class Controller(Supervision, Saving, Validation):
         t3 = time.time()
         async with self._sync_lock:  # a revive re-forming the weight group waits for the publish
             if self._sleep_engines:
-                await asyncio.gather(*[w.sleep() for w in self.workers])
+                await asyncio.gather(*[w.sleep() for w in self._live_workers()])
             metrics.update(await self.learner.train_step(minibatches))
             metrics.update(self.method.after_train_step(step, metrics))
             if self._sleep_engines:
-                await asyncio.gather(*[w.wake_up() for w in self.workers])
+                await asyncio.gather(*[w.wake_up() for w in self._live_workers()])
             t4 = time.time()
             version = step + 1
             try:
@@ -356,32 +358,14 @@ class Controller(Supervision, Saving, Validation):
                 "faults/replayed_groups": st.replayed,
                 "faults/env_error_episodes": st.env_error_episodes,
                 "faults/env_error_groups": st.env_error_groups,
+                "rollout/live_workers": len(self.workers) - len(self._away),
             }
         )
         self._playing(0)  # bring the busy time up to now
-        step_s, busy = t5 - t0, st.rollout_busy_s - self._busy_counted
+        busy = st.rollout_busy_s - self._busy_counted
         window = t5 - self._window_start  # since the last step ended (a validation included)
         self._busy_counted, self._window_start = st.rollout_busy_s, t5
-        gen_tokens = sum(g.n_generated_tokens for g in groups)
-        gen_seconds = sum(g.rollout_seconds for g in groups)
-        metrics.update(
-            {
-                "time/step_s": step_s,
-                "time/wait_rollout_s": t1 - t0,
-                "time/wait_teacher_s": t2 - t1,
-                "time/credit_s": t3 - t2,
-                "time/train_s": t4 - t3,
-                "time/sync_s": t5 - t4,
-                "time/learner_idle_frac": (t1 - t0 + t2 - t1) / max(step_s, 1e-9),
-                "time/rollout_idle_frac": max(0.0, 1.0 - busy / max(window, 1e-9)),
-                # tokens of the groups trained this step over the wall time the rollout side was busy
-                # (groups in flight overlap: summing their own seconds would count the same second twice)
-                "rollout/tokens_per_s": gen_tokens / max(busy, 1e-9),
-                "rollout/group_seconds": gen_seconds / max(len(groups), 1),
-                "sync/step_fraction": (t5 - t4) / max(step_s, 1e-9),
-                "rollout/policy_lag_max": step - min(g.min_version for g in groups),
-            }
-        )
+        metrics.update(step_timing([t0, t1, t2, t3, t4, t5], busy, window, groups, step))
         return metrics
 
 

@@ -77,7 +77,7 @@ class Validation:
                 return keep[i]
             while True:  # a worker that dies mid-episode plays it again once restarted
                 try:
-                    return await self.workers[i % len(self.workers)].run_group(
+                    return await self._worker_for(i).run_group(
                         task_seed=i,
                         split=split,
                         group_size=1,
@@ -88,6 +88,6 @@ class Validation:
                     )
                 except ActorDied as e:
                     self.events.record("replay", step=self.state.step, task=f"val{i}", actor=e.handle.name)
-                    await self._revive(e)
+                    await self._worker_lost(e)
 
         return list(await asyncio.gather(*[one(i, v) for i, v in enumerate(views)]))

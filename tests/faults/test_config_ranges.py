@@ -30,6 +30,7 @@ PROBES: dict[str, list] = {
     "scorer.micro_batch_tokens": [63, -1],
     "rollout.val_temperatures": [[-1.0], [math.nan]],
     "learner.betas": [[0.9, 1.0], [0.9], [math.nan, 0.9]],
+    "rollout.min_workers": [0, 2],  # above rollout.num_workers=1 too
 }
 
 

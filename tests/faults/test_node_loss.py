@@ -3,7 +3,10 @@
 
 The node that holds the rollout worker is killed (its raylet and every process of it, SIGKILL):
 Ray restarts the worker on another node that has room, the controller gives it the current
-weights and replays its lost group, and the run finishes every step.
+weights and replays its lost group, and the run finishes every step. With no node that has room,
+the run goes on with the workers it has (``rollout.min_workers``) and takes the lost one back
+when a node joins. The node of a learner rank: the run stops naming it, and the next start
+continues from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -151,3 +154,70 @@ def test_the_node_of_the_learner_is_lost_and_the_run_stops_naming_it_then_contin
             os.killpg(proc.pid, signal.SIGKILL)
         cluster.shutdown()
     assert [r["step"] for r in _steps(run_dir)] == list(range(1, STEPS + 1))
+
+
+def _events(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_no_node_has_room_so_the_run_goes_on_with_one_worker_and_takes_the_other_back_when_a_node_joins(tmp_path):
+    """Two rollout workers on two nodes, ``rollout.min_workers=1``, collective weight sync: one
+    worker node is lost and none has room, so the run trains on with the other worker (the
+    weight group formed again around the survivors); a node joins, the worker is placed there and
+    rejoins the weight group with the current weights; every step is trained."""
+    from ray.cluster_utils import Cluster
+
+    steps = 100  # the node joins and the worker comes back in about 20 s (0.5 s a step): margin under load
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "num_cpus": 0})
+    run_dir, proc = tmp_path / "run", None
+    args = [
+        *(a for a in ARGS if not a.startswith("trainer.total_steps=") and not a.startswith("trainer.groups_per_step=")),
+        f"trainer.total_steps={steps}",
+        "trainer.groups_per_step=2",  # a rollout loop per worker
+        "rollout.num_workers=2",
+        "rollout.min_workers=1",
+        "cluster.weight_sync=collective",
+        f"cluster.address={cluster.address}",
+        f"trainer.run_dir={run_dir}",
+    ]
+    try:
+        learner_node = cluster.add_node(**NODE)
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_driver_env(),
+            start_new_session=True,
+        )
+        _wait(lambda: _actor_on(learner_node, "LearnerActor"), "learner on its node", proc)
+        nodes = [cluster.add_node(**NODE), cluster.add_node(**NODE)]
+        for node in nodes:
+            _wait(lambda n=node: _actor_on(n, "RolloutWorker"), "a rollout worker on each node", proc)
+        _wait(lambda: len(_steps(run_dir)) >= 2, "step 2", proc)
+        cluster.remove_node(nodes[0], allow_graceful=False)
+        _wait(lambda: any(e["event"] == "degraded" for e in _events(run_dir)), "the run saying it is degraded", proc)
+        lost_at = len(_steps(run_dir))
+        _wait(lambda: len(_steps(run_dir)) >= lost_at + 2, "two steps with one worker", proc)
+        joined = cluster.add_node(**NODE)
+        _wait(lambda: _actor_on(joined, "RolloutWorker"), "the lost worker placed on the node that joined", proc)
+        _wait(lambda: any(e["event"] == "worker_back" for e in _events(run_dir)), "the worker back", proc)
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-4000:]
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        cluster.shutdown()
+    rows = _steps(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    live = [r["rollout/live_workers"] for r in rows]
+    assert live[0] == 2 and 1 in live and live[-1] == 2, live
+    events = _events(run_dir)
+    names = [e["event"] for e in events]
+    assert names.index("degraded") < names.index("worker_back"), names
+    groups = [e["workers"] for e in events if e["event"] == "weight_group_reformed"]
+    assert 1 in groups and groups[-1] == 2, events  # around the survivor, then with the worker back
+    for r in rows:  # every step trained on complete, teacher-scored groups with fresh weights
+        assert r["teacher/rows_scored_frac"] == 1.0 and r["rollout/policy_lag_max"] <= 1, r["step"]

@@ -485,6 +485,68 @@ def test_fake_a_worker_that_cannot_be_restarted_stops_the_run_with_the_cause():
         run(make_cfg(lag=0), [Gone(0.01, die_at=2)], PacketLearner(0.0))
 
 
+class NodeLostWorker(DyingWorker):
+    """Dies at its ``die_at``-th group with its node: Ray can place it again only once a node
+    joins (``joined``); until then a revive that may wait forever waits, one that may not fails."""
+
+    def __init__(self, delay: float, die_at: int, name: str):
+        super().__init__(delay, die_at)
+        self.name, self.joined, self.revive_calls = name, asyncio.Event(), []
+
+    async def revive(self, generation, weights, forever=False):
+        self.revive_calls.append(forever)
+        if not forever:
+            raise RuntimeError(f"{self.name} did not come back within 900 s of dying")
+        await self.joined.wait()
+        return await super().revive(generation, weights)
+
+
+def _events(capsys) -> list[str]:
+    return [x.split(":")[1].strip() for x in capsys.readouterr().err.splitlines() if x.startswith("privy-rl: ")]
+
+
+def test_fake_a_worker_lost_with_its_node_leaves_the_run_degraded_then_rejoins_with_the_current_weights(capsys):
+    """rollout.min_workers=1 of 2: the run goes on with the other worker (the lost group replayed
+    there), says it is degraded, and takes the worker back with the last published weights once
+    Ray can place it again; never a group on stale weights (DyingWorker asserts it)."""
+    lost = NodeLostWorker(0.02, die_at=2, name="rollout worker 0")
+    other = FakeWorker(0.02, name="rollout worker 1")
+    cfg = make_cfg(lag=1, steps=8)
+    cfg.rollout.num_workers, cfg.rollout.min_workers = 2, 1
+    learner = PacketLearner(0.01)
+    seen: list[float] = []
+
+    class Logger(MetricsLogger):
+        def log(self, metrics, step):
+            seen.append(metrics["rollout/live_workers"])
+            if step == 4:
+                lost.joined.set()  # a node joins after step 4
+            super().log(metrics, step)
+
+    method = build_method({"name": "grpo"}, invalid_action_penalty=0.1)
+    ctl = Controller(cfg, learner=learner, workers=[lost, other], method=method, logger=Logger([]))
+    history = asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
+    assert len(history) == 8 and ctl.state.replayed == 1 and lost.revive_calls == [True]
+    assert 1 in seen[:4] and seen[-1] == 2, seen  # degraded, then whole again
+    assert lost.revived == [None] and lost.version >= 4  # given the weights published by then
+    assert lost.lost_seeds[0] in other.seeds + lost.seeds  # its lost group was played again
+    events = _events(capsys)
+    assert "degraded" in events and "worker_back" in events and events.index("degraded") < events.index("worker_back")
+
+
+def test_fake_below_rollout_min_workers_the_run_waits_for_the_worker_and_stops_when_it_does_not_come_back():
+    lost = NodeLostWorker(0.02, die_at=2, name="rollout worker 0")
+    cfg = make_cfg(lag=0, steps=4)
+    cfg.rollout.num_workers = 2  # min_workers null: all of them
+    with pytest.raises(RuntimeError, match="did not come back within 900 s"):
+        method = build_method({"name": "grpo"}, invalid_action_penalty=0.1)
+        ctl = Controller(
+            cfg, learner=PacketLearner(0.0), workers=[lost, FakeWorker(0.02)], method=method, logger=MetricsLogger([])
+        )
+        asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
+    assert lost.revive_calls == [False]
+
+
 def test_fake_a_dead_scorer_is_revived_and_the_same_group_scored_never_trained_without_it():
     from actors.handles import ActorDied
 
