@@ -151,6 +151,10 @@ class RayRollout(Restartable):
     async def run_group(self, **kw):
         return await self._call_within(self.group_timeout_s, "rollout.group_timeout_s", "run_group", **kw)
 
+    async def score(self, items, min_version: int, micro_batch_tokens: int | None, timeout_s: float = 0.0):
+        """The self-teacher's forward on this worker's engine (scorer.placement=engine)."""
+        return await self._call_within(timeout_s, "scorer.timeout_s", "score", items, min_version, micro_batch_tokens)
+
     async def sleep(self) -> None:
         await self.actor.sleep.remote()
 

@@ -149,6 +149,24 @@ class RolloutWorker:
             sd = self.engine.model.state_dict()
             return self.engine.version, {k: float(v.double().sum()) for k, v in sd.items()}
 
+    # ----- the teacher on this engine (scorer.placement=engine) ----------------------------------------
+    def score(
+        self, items: list[tuple[list[int], list[int]]], min_version: int = 0, micro_batch_tokens: int | None = None
+    ) -> tuple[list[list[float]], int]:
+        """The self-teacher's log-probs of (privileged prompt ids, response ids) on the weights
+        this worker samples with, and their version: ``TeacherScorerWorker.score``'s contract,
+        without a third copy of the policy. Between generate calls (the engine lock), after the
+        queued weights are applied; raises WeightsLost below ``min_version``."""
+        with self.batcher.engine_lock:
+            self.apply_pending_weights()
+            if self.engine.version < min_version:
+                raise WeightsLost(
+                    f"rollout worker {self.worker_id} holds weights v{self.engine.version}, v{min_version} "
+                    "were published: its process was restarted"
+                )
+            lps = self.engine.score(items, temperature=self.cfg.temperature, micro_batch_tokens=micro_batch_tokens)
+            return lps, self.engine.version
+
     # ----- colocation -----------------------------------------------------------------------------
     def sleep(self) -> None:
         """Free the engine's GPU memory while a colocated learner trains (no-op for HF / CPU)."""

@@ -19,12 +19,11 @@ import time
 import torch
 
 from actors.handles import Restartable, WeightsLost
-from pipeline.algorithm.logprobs import forward_response
+from pipeline.algorithm.logprobs import score_responses
 from pipeline.context.prompts import TeacherPrompts
 from pipeline.context.providers import TeacherSpec
 from pipeline.core.hardware import choose_precision, hardware_info, set_threads
-from pipeline.core.microbatch import split_by_tokens
-from pipeline.core.types import EpisodeGroup, TrainBatch
+from pipeline.core.types import EpisodeGroup
 from pipeline.distributed.weight_sync import WeightPacket, verify
 
 
@@ -88,7 +87,6 @@ class TeacherScorerWorker:
         self.version = version
         return self.version
 
-    @torch.no_grad()
     def score(self, items: list[tuple[list[int], list[int]]], min_version: int = 0) -> tuple[list[list[float]], int]:
         """``items`` = (privileged prompt ids, response ids); returns per-token log-probs and the
         weights version that scored them. Raises WeightsLost below ``min_version`` (a self-teacher
@@ -98,55 +96,46 @@ class TeacherScorerWorker:
                 f"the teacher scorer holds weights v{self.version}, v{min_version} "
                 f"were published: its process was restarted"
             )
-        if not items:
-            return [], self.version
-        batch = _batch(items)
-        out: list[list[float]] = []
-        for mb in split_by_tokens(batch, self.micro_batch_tokens):
-            lp = forward_response(
-                self.model,
-                mb.input_ids.to(self.device),
-                mb.attention_mask.to(self.device),
-                mb.response_mask.to(self.device),
-                temperature=self.temperature,
-                with_entropy=False,
-            ).logprobs.cpu()
-            for i in range(mb.n_rows):
-                out.append(lp[i][mb.response_mask[i].bool()].tolist())
-        return out, self.version
-
-
-def _batch(items: list[tuple[list[int], list[int]]]) -> TrainBatch:
-    """Right-padded ``prompt + response`` rows with their response mask (pad id 0 is masked)."""
-    width = max(len(p) + len(r) for p, r in items)
-    ids = torch.zeros(len(items), width, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    resp = torch.zeros(len(items), width)
-    for i, (p, r) in enumerate(items):
-        n = len(p) + len(r)
-        ids[i, :n] = torch.tensor(p + r)
-        attn[i, :n] = 1
-        resp[i, len(p) : n] = 1
-    zeros = torch.zeros_like(resp)
-    return TrainBatch(
-        input_ids=ids, attention_mask=attn, response_mask=resp, behaviour_logprobs=zeros, advantages=zeros
-    )
+        lps = score_responses(
+            self.model, items, temperature=self.temperature, micro_batch_tokens=self.micro_batch_tokens
+        )
+        return lps, self.version
 
 
 class TeacherScorer(Restartable):
-    """Driver-side handle: which rows, which prompts; ``actor`` is a Ray handle of the worker."""
+    """Driver-side handle: which rows, which prompts, and where their forward runs: ``actor``, a
+    Ray handle of a ``TeacherScorerWorker`` (``scorer.placement=actor``), or, with ``actor=None``
+    (``scorer.placement=engine``, a self-teacher), the rollout worker handed to ``score``, whose
+    engine holds the policy already."""
 
     def __init__(
-        self, actor, spec: TeacherSpec, prompts: TeacherPrompts, timeout_s: float = 0.0, noise_floor: bool = False
+        self,
+        actor,
+        spec: TeacherSpec,
+        prompts: TeacherPrompts,
+        timeout_s: float = 0.0,
+        noise_floor: bool = False,
+        micro_batch_tokens: int | None = None,
     ):
         self._init_restartable(actor, "teacher scorer")
         self.spec, self.prompts = spec, prompts
         self.timeout_s = timeout_s  # scorer.timeout_s (0 = never)
         self.noise_floor = noise_floor  # also score each row on the student's own prompt
+        self.micro_batch_tokens = micro_batch_tokens  # the engine route's forward budget
+
+    @property
+    def self_teacher(self) -> bool:
+        """The teacher is the policy: its weights follow the learner (staleness is measured)."""
+        return self.spec.source == "self"
+
+    @property
+    def on_engine(self) -> bool:
+        return self.actor is None
 
     @property
     def wants_weights(self) -> bool:
-        return self.spec.source == "self"
+        """Whether the learner must send it weights (an actor holding a copy of the policy)."""
+        return self.self_teacher and not self.on_engine
 
     def _items(self, groups: list[EpisodeGroup]):
         """The rows to score and their (privileged prompt ids, response ids): the one place that
@@ -170,15 +159,21 @@ class TeacherScorer(Restartable):
         return any(row.teacher_logprobs is None for row in self._items([group])[0])
 
     async def score(
-        self, groups: list[EpisodeGroup], step: int, min_version: int = 0
+        self, groups: list[EpisodeGroup], step: int, min_version: int = 0, engine=None
     ) -> tuple[list[EpisodeGroup], dict]:
-        """``min_version``: the last published weights (a self-teacher must hold them)."""
+        """``min_version``: the last published weights (a self-teacher must hold them);
+        ``engine``: the rollout worker (``actors.handles.RayRollout``) that scores on the engine
+        route. A death raises ``ActorDied`` naming the actor that died."""
         t0 = time.time()
         rows, items = self._items(groups)
         plain = [(row.prompt_ids, row.response_ids) for row in rows] if self.noise_floor else []
-        lps, version = await self._call_within(
-            self.timeout_s, "scorer.timeout_s", "score", items + plain, min_version if self.wants_weights else 0
-        )
+        floor = min_version if self.self_teacher else 0
+        if self.on_engine:
+            if engine is None:
+                raise ValueError("scorer.placement=engine: score() needs the rollout worker whose engine scores")
+            lps, version = await engine.score(items + plain, floor, self.micro_batch_tokens, self.timeout_s)
+        else:
+            lps, version = await self._call_within(self.timeout_s, "scorer.timeout_s", "score", items + plain, floor)
         for row, lp in zip(rows, lps):
             row.teacher_logprobs, row.teacher_version = lp, version
         for row, lp in zip(rows, lps[len(rows) :]):  # one forward call: the same weights version
@@ -191,6 +186,6 @@ class TeacherScorer(Restartable):
             "teacher/prompt_tokens": sum(lengths) / max(len(lengths), 1),
             "teacher/prompt_tokens_sum": float(sum(lengths)),
         }
-        if rows and self.wants_weights:
+        if rows and self.self_teacher:
             metrics["teacher/staleness"] = sum(version - r.policy_version for r in rows) / len(rows)
         return groups, metrics

@@ -92,3 +92,13 @@ class GenerationEngine(abc.ABC):
     @abc.abstractmethod
     def tokenizer(self) -> Any:
         """The tokenizer matching the engine's vocabulary (chat template included)."""
+
+    # Engines that can also be the teacher (scorer.placement=engine) say so and score.
+    can_score: bool = False
+
+    def score(
+        self, items: list[tuple[list[int], list[int]]], *, temperature: float, micro_batch_tokens: int | None
+    ) -> list[list[float]]:
+        """Per-token log-probs of each (prompt ids, response ids) under the live weights, at
+        ``temperature`` (what ``pipeline.algorithm.logprobs.score_responses`` computes)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score prompts (scorer.placement=engine)")

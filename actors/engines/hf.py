@@ -146,6 +146,17 @@ class HFEngine(GenerationEngine):
     def device(self) -> torch.device:
         return next(self._model.parameters()).device
 
+    # ------------------------------------------------------------------------------ scoring
+
+    can_score = True
+
+    def score(self, items, *, temperature, micro_batch_tokens):
+        """The teacher's forward on the weights this engine samples with (scorer.placement=engine):
+        no copy of the policy, no weight sync of its own."""
+        from pipeline.algorithm.logprobs import score_responses
+
+        return score_responses(self._model, items, temperature=temperature, micro_batch_tokens=micro_batch_tokens)
+
     # ------------------------------------------------------------------------------ generation
 
     def _check_prompts(self, prompts: list[list[int]], max_new_tokens: int) -> None:

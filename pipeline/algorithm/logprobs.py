@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["ResponseForward", "forward_response", "position_ids_from_mask"]
+__all__ = ["ResponseForward", "forward_response", "position_ids_from_mask", "response_logprobs", "score_responses"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -138,29 +138,62 @@ def forward_response(
     return ResponseForward(logprobs=logprobs, entropy=entropy, logits=logits if with_logits else None)
 
 
+def _padded(items: list[tuple[list[int], list[int]]]):
+    """Right-padded ``prompt + response`` rows with their response mask (``TrainBatch`` fields;
+    pad id 0 is masked)."""
+    from pipeline.core.types import TrainBatch
+
+    width = max(len(p) + len(r) for p, r in items)
+    ids = torch.zeros(len(items), width, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    resp = torch.zeros(len(items), width)
+    for i, (p, r) in enumerate(items):
+        n = len(p) + len(r)
+        ids[i, :n] = torch.tensor(p + r)
+        attn[i, :n] = 1
+        resp[i, len(p) : n] = 1
+    zeros = torch.zeros_like(resp)
+    return TrainBatch(
+        input_ids=ids, attention_mask=attn, response_mask=resp, behaviour_logprobs=zeros, advantages=zeros
+    )
+
+
 @torch.no_grad()
+def score_responses(
+    model: nn.Module,
+    items: list[tuple[list[int], list[int]]],
+    *,
+    temperature: float,
+    micro_batch_tokens: int | None = None,
+) -> list[list[float]]:
+    """Per-token log-probs of each response after its prompt (``items`` = (prompt ids, response
+    ids)): one no-grad ``forward_response`` per micro-batch of at most ``micro_batch_tokens``
+    padded tokens (None: one batch), on the model's device. What a teacher is: the scorer actor and
+    a rollout engine that scores (``scorer.placement``) both call this."""
+    from pipeline.core.microbatch import split_by_tokens
+
+    if not items:
+        return []
+    device = next(model.parameters()).device
+    batch = _padded(items)
+    out: list[list[float]] = []
+    for mb in split_by_tokens(batch, micro_batch_tokens) if micro_batch_tokens else [batch]:
+        lp = forward_response(
+            model,
+            mb.input_ids.to(device),
+            mb.attention_mask.to(device),
+            mb.response_mask.to(device),
+            temperature=temperature,
+            with_entropy=False,
+        ).logprobs.cpu()
+        out += [lp[i][mb.response_mask[i].bool()].tolist() for i in range(mb.n_rows)]
+    return out
+
+
 def response_logprobs(
     model: nn.Module, prompts: list[list[int]], responses: list[list[int]], *, temperature: float = 1.0
 ) -> list[torch.Tensor]:
-    """Per-token log-probs of each ``responses[i]`` after ``prompts[i]`` (one right-padded
-    ``forward_response`` on the model's device; CPU float32 tensors out). This is what the learner
-    computes for a row, so an engine's behaviour log-probs can be checked against it."""
-    device = next(model.parameters()).device
-    seqs = [p + r for p, r in zip(prompts, responses)]
-    width = max(len(s) for s in seqs)
-    input_ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    response_mask = torch.zeros_like(input_ids)
-    for b, (p, s) in enumerate(zip(prompts, seqs)):
-        input_ids[b, : len(s)] = torch.tensor(s)
-        attention_mask[b, : len(s)] = 1
-        response_mask[b, len(p) : len(s)] = 1
-    lp = forward_response(
-        model,
-        input_ids.to(device),
-        attention_mask.to(device),
-        response_mask.to(device),
-        temperature=temperature,
-        with_entropy=False,
-    ).logprobs.cpu()
-    return [lp[b, len(p) : len(s)] for b, (p, s) in enumerate(zip(prompts, seqs))]
+    """Per-token log-probs of each ``responses[i]`` after ``prompts[i]`` in one batch (CPU float32
+    tensors). This is what the learner computes for a row, so an engine's behaviour log-probs can
+    be checked against it."""
+    return [torch.tensor(x) for x in score_responses(model, list(zip(prompts, responses)), temperature=temperature)]

@@ -78,6 +78,14 @@ def _check_rollout(cfg: PrivyConfig) -> None:
         ("scorer.precision", cfg.scorer.precision),
     ):
         _require(value in PRECISIONS, f"{key}={value!r}: use one of {', '.join(PRECISIONS)}")
+    m = cfg.scorer.max_noise_ratio
+    _require(m is None or m > 0, f"scorer.max_noise_ratio={m} must be > 0 (or null: never refuse)")
+    _require(cfg.scorer.placement in ("actor", "engine"), f"scorer.placement={cfg.scorer.placement!r}: actor | engine")
+    _require(
+        cfg.scorer.placement != "engine" or r.engine == "hf",
+        "scorer.placement=engine scores on the rollout engine, and only the HF engine scores yet "
+        "(vLLM prompt_logprobs: not built): use rollout.engine=hf or scorer.placement=actor",
+    )
     _require(
         cfg.scorer.micro_batch_tokens is None or cfg.scorer.micro_batch_tokens >= 64,
         "scorer.micro_batch_tokens must be >= 64 (or null: learner.micro_batch_tokens)",

@@ -106,8 +106,13 @@ class LearnerConfig:
 
 @dataclass
 class ScorerConfig:
-    """The teacher scorer actor (methods with a teacher: sdar, adrs, retire_opd, ...)."""
+    """The teacher scorer (methods with a teacher: sdar, adrs, retire_opd, ...)."""
 
+    # Where the teacher's forward runs: actor = an actor of its own holding a copy of the teacher
+    # (synced like a rollout worker for a self-teacher); engine = a self-teacher scored by the
+    # rollout workers' own engines (HF), which hold the policy already: no actor, no extra copy,
+    # no extra sync. precision and num_gpus are the actor's; on the engine route the rollout's.
+    placement: str = "actor"
     precision: str = "auto"  # teacher weights: auto (bf16 where native) | fp32 | bf16
     num_gpus: float = 0.0  # Ray GPUs of the scorer actor (its model goes to cuda when > 0)
     micro_batch_tokens: int | None = None  # forward token budget; None = learner.micro_batch_tokens
@@ -119,6 +124,10 @@ class ScorerConfig:
     # noise/gap_*), so a gate or a shaping is read against the numerics of the two engines.
     # Costs one more forward per scored row.
     noise_floor: bool = True
+    # The first step with scored rows stops the run, before any update, when that floor (mean
+    # |lpT - lp| on the student's own prompt) exceeds this fraction of the signal (the same with
+    # the privileged context). null: never refuse. Needs noise_floor.
+    max_noise_ratio: float | None = 1.0
 
 
 @dataclass

@@ -37,7 +37,7 @@ from pipeline.orchestration.batches import build_train_batch, drop_silent_rows, 
 from pipeline.orchestration.buffer import GroupBuffer
 from pipeline.orchestration.logging import EventLog, OutcomeLog
 from pipeline.orchestration.saving import Saving
-from pipeline.orchestration.step_metrics import rollout_metrics, step_timing, teacher_metrics
+from pipeline.orchestration.step_metrics import check_noise_floor, rollout_metrics, step_timing, teacher_metrics
 from pipeline.orchestration.stopping import StopRequest
 from pipeline.orchestration.supervision import Supervision
 from pipeline.orchestration.validation import Validation
@@ -110,6 +110,7 @@ class Controller(Supervision, Saving, Validation):
         self._away: set[int] = set()  # workers lost that the run goes on without (supervision.py)
         self._rejoins: list[asyncio.Task] = []  # ... each waiting for Ray to place it again
         self._joining: set[int] = set()  # ... placed again, taking the current weights
+        self._noise_checked = False  # the teacher's noise floor against its signal (step_metrics.py)
         self._min_workers = cfg.rollout.min_workers or len(workers)
         self._env_error_streak: dict[int, int] = {}  # task index -> groups in a row the env failed whole
         self.state.in_flight = []
@@ -132,6 +133,11 @@ class Controller(Supervision, Saving, Validation):
         self._sleep_engines = (
             cfg.cluster.colocate and cfg.rollout.engine == "vllm" and cfg.rollout.vllm.enable_sleep_mode
         )
+
+    def _precisions(self) -> str:
+        r, sc = self.cfg.rollout, self.cfg.scorer
+        where = "rollout engine" if self.scorer.on_engine else f"scorer.precision={sc.precision}"
+        return f"rollout.precision={r.precision}, teacher: {where}"
 
     @property
     def stopping(self) -> bool:
@@ -200,7 +206,7 @@ class Controller(Supervision, Saving, Validation):
                     self._retry.insert(0, idx)
                     continue
                 if self._teacher_wanted(ticket.deadline):
-                    group = await self._score(group)
+                    group = await self._score(group, slot)
             except ActorDied as e:
                 # The worker's process died mid-group: nothing of the group is kept; the task is
                 # played again, first, from its seed, once Ray has restarted the worker.
@@ -311,8 +317,11 @@ class Controller(Supervision, Saving, Validation):
                 raise RuntimeError(f"method={self.method.name} needs a teacher scorer")
             # Normally scored as they completed; a group that was not (the teacher's schedule
             # turned on after it finished) is scored now, and the learner waits for it.
-            groups = [await self._score(g) if self.scorer.needs_scoring(g) else g for g in groups]
-            metrics.update(teacher_metrics(groups, self.scorer.wants_weights))
+            groups = [await self._score(g, i) if self.scorer.needs_scoring(g) else g for i, g in enumerate(groups)]
+            metrics.update(teacher_metrics(groups, self.scorer.self_teacher))
+            if not self._noise_checked and "noise/gap_abs_mean" in metrics:  # once, before any update
+                self._noise_checked = True
+                check_noise_floor(metrics, cfg.scorer.max_noise_ratio, self._precisions())
         t2 = time.time()
         self._committed = True  # from here the step changes the method's and the learner's state
         self.method.observe(groups)  # e.g. the skills offered to these episodes and their rewards (UCB)

@@ -48,9 +48,15 @@ def check_launch(cfg: PrivyConfig):
             f"method={method.name} closes its windows on validation: set "
             f"trainer.val_every={need_val} (got {cfg.trainer.val_every})"
         )
+    spec = method.teacher_spec()
+    if cfg.scorer.placement == "engine" and spec is not None and spec.source != "self":
+        raise ConfigError(
+            f"scorer.placement=engine scores on the rollout engine, which holds the policy; "
+            f"method={method.name}'s teacher is a {spec.source} checkpoint: use scorer.placement=actor"
+        )
     from pipeline.distributed.placement import check_launch_gpus, plan_placement
 
-    check_launch_gpus(cfg, plan_placement(cfg, with_scorer=method.teacher_spec() is not None))
+    check_launch_gpus(cfg, plan_placement(cfg, with_scorer=scorer_actor(cfg, method)))
     need = cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_learners * cfg.learner.num_cpus
     have = cfg.cluster.num_cpus or os.cpu_count() or 1
     if cfg.cluster.address is None and need > have:
@@ -59,6 +65,12 @@ def check_launch(cfg: PrivyConfig):
             "rollout.num_cpus / learner.num_cpus (fractions are fine) or the actor counts"
         )
     return method, penalty
+
+
+def scorer_actor(cfg: PrivyConfig, method) -> bool:
+    """Whether the run has a teacher scorer actor (a teacher scored outside the learner, not on
+    the rollout engines)."""
+    return method.teacher_spec() is not None and cfg.scorer.placement == "actor"
 
 
 def _check_splits(cfg: PrivyConfig) -> None:
@@ -179,7 +191,7 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
     n_threads = actor_threads(cfg)
     threads = {"env_vars": {"OMP_NUM_THREADS": str(n_threads), "MKL_NUM_THREADS": str(n_threads)}}
     # One placement group for the whole run (cluster.placement=none: none, Ray places each actor).
-    plan = plan_placement(cfg, with_scorer=method.teacher_spec() is not None)
+    plan = plan_placement(cfg, with_scorer=scorer_actor(cfg, method))
     check_launch_gpus(cfg, plan)  # Ray is up now: the cluster's GPUs are known
     placement = reserve(plan, cfg.cluster.placement_timeout_s)
     learner_env = threads
@@ -221,7 +233,16 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
     method.attach(prompts)
     scorer, actors = None, [*ranks, *(w.actor for w in workers)]
     spec = method.teacher_spec()
-    if spec is not None:
+    if spec is not None and not scorer_actor(cfg, method):  # the rollout engines score (checked at launch)
+        scorer = TeacherScorer(
+            None,
+            spec,
+            prompts,
+            timeout_s=cfg.scorer.timeout_s,
+            noise_floor=cfg.scorer.noise_floor,
+            micro_batch_tokens=cfg.scorer.micro_batch_tokens or cfg.learner.micro_batch_tokens,
+        )
+    elif spec is not None:
         path = model_path if spec.source == "self" else spec.frozen_path
         # The scorer works while the learner waits for it (or between steps): no CPU reservation.
         actor = (
@@ -258,7 +279,7 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
                 for i, info in enumerate(ray.get([w.actor.hardware.remote() for w in workers], timeout=900))
             }
         )
-        if scorer is not None:
+        if scorer is not None and scorer.actor is not None:
             infos["scorer"] = ray.get(scorer.actor.hardware.remote(), timeout=900)
         report_hardware(run_dir, infos)
     node_ids = ray.get([rk.node_id.remote() for rk in ranks], timeout=900)

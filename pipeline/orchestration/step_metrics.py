@@ -66,12 +66,33 @@ def gap_statistics(prefix: str, pairs: list[tuple[list[float], list[float]]]) ->
         return {}
     n = len(gaps)
     mean = sum(gaps) / n
+    absolute = sorted(abs(g) for g in gaps)
     return {
         f"{prefix}/gap_mean": mean,
         f"{prefix}/gap_std": (sum((g - mean) ** 2 for g in gaps) / max(n - 1, 1)) ** 0.5,
-        f"{prefix}/gap_abs_mean": sum(abs(g) for g in gaps) / n,
+        f"{prefix}/gap_abs_mean": sum(absolute) / n,
+        f"{prefix}/gap_abs_p99": absolute[min(n - 1, int(0.99 * n))],
         f"{prefix}/negative_gap_fraction": sum(g < 0 for g in gaps) / n,
     }
+
+
+def check_noise_floor(metrics: dict[str, float], max_ratio: float | None, precisions: str) -> None:
+    """Refuse a teacher whose noise floor (``noise/gap_abs_mean``: the same teacher on the
+    student's own prompt against the behaviour log-probs) is above ``max_ratio`` x its signal
+    (``teacher/gap_abs_mean``, with the privileged context): what it would teach is mostly the
+    numerics of two engines, not the context (slime #714, SkyRL's pre-flight test)."""
+    floor, signal = metrics.get("noise/gap_abs_mean"), metrics.get("teacher/gap_abs_mean")
+    if max_ratio is None or floor is None or signal is None or floor <= max_ratio * signal:
+        return
+    from pipeline.core.config import ConfigError
+
+    raise ConfigError(
+        f"scorer.max_noise_ratio={max_ratio:g}: the teacher's noise floor, mean |lpT - lp| per token on the "
+        f"student's own prompt, is {floor:.4f} (p99 {metrics.get('noise/gap_abs_p99', float('nan')):.4f}), "
+        f"{floor / max(signal, 1e-12):.2f}x its signal with the privileged context ({signal:.4f}): it would "
+        f"teach the engines' numerics. Match the precisions ({precisions}), score on the rollout engine "
+        "(scorer.placement=engine), or raise scorer.max_noise_ratio (null: never refuse)"
+    )
 
 
 def rollout_metrics(groups: list[EpisodeGroup], invalid_penalty: float) -> dict[str, float]:

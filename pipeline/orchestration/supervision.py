@@ -200,15 +200,18 @@ class Supervision:
                     raise WeightSyncError(f"weights v{version}: {died}; {first_line(e)}") from e
         raise WeightSyncError(f"weights v{version}: consumers kept dying during the broadcast ({attempt + 1} attempts)")
 
-    async def _score(self, group: EpisodeGroup) -> EpisodeGroup:
-        """Teacher log-probs for the group; if the scorer dies, the same group once it is back."""
+    async def _score(self, group: EpisodeGroup, slot: int) -> EpisodeGroup:
+        """Teacher log-probs for the group; if the scorer dies, the same group once it is back.
+        On the engine route (``scorer.placement=engine``) rollout worker ``slot``'s engine scores
+        (a lost one is handled as any lost worker, and another scores)."""
         t0 = time.time()
         while True:
+            engine = self._worker_for(slot) if self.scorer.on_engine else None
             try:
-                [group], m = await self.scorer.score([group], self.state.step, self._published)
+                [group], m = await self.scorer.score([group], self.state.step, self._published, engine=engine)
                 break
             except ActorDied as e:
-                await self._revive(e)
+                await (self._worker_lost(e) if self.scorer.on_engine else self._revive(e))
         group.teacher_seconds += time.time() - t0
         group.teacher_prompt_tokens += m["teacher/prompt_tokens_sum"]
         return group

@@ -38,6 +38,47 @@ def test_method_trains_two_steps(ray_local, tmp_path, method):
         assert "noise/gap_abs_mean" in last and "teacher/gap_abs_mean" in last
 
 
+def test_sdar_scored_on_the_rollout_engine_needs_no_scorer_actor_and_matches_the_actor_route(ray_local, tmp_path):
+    """scorer.placement=engine: the rollout worker's engine scores the self-teacher (no scorer
+    actor, no weights sent to one); the same seeded fp32 run with the scorer actor gives the same
+    teacher gaps (the same forward on the same weights), and the noise floor is measured on both."""
+    import json
+
+    base = [
+        *BASE,
+        "method=sdar",
+        "trainer.total_steps=2",
+        "rollout.precision=fp32",
+        "scorer.precision=fp32",
+        "learner.precision=fp32",
+    ]
+    actor = run_training(compose(base), tmp_path / "actor")
+    engine = run_training(compose([*base, "scorer.placement=engine"]), tmp_path / "engine")
+    assert "scorer" in json.loads((tmp_path / "actor" / "hardware.json").read_text())
+    assert "scorer" not in json.loads((tmp_path / "engine" / "hardware.json").read_text())
+    for a, e in zip(actor, engine, strict=True):
+        assert e["teacher/rows_scored_frac"] == 1.0 and e["teacher/staleness"] == 0.0
+        assert e["rollout/reward"] == a["rollout/reward"]  # the same episodes on both routes
+        for key in ("teacher/gap_mean", "teacher/gap_abs_mean", "noise/gap_abs_mean"):
+            assert e[key] == pytest.approx(a[key], abs=1e-4), key
+
+
+def test_a_teacher_whose_noise_floor_is_too_high_stops_the_run_before_any_update(ray_local, tmp_path):
+    """A deliberately mismatched precision (bf16 rollout engine, fp32 scorer): on the tiny model
+    its floor is about 0.001 per token against a signal of about 0.11 (0.9%; 0 when both are
+    fp32), so a threshold of 0.5% refuses it at the first scored step, naming both numbers,
+    while the matched run passes the same threshold."""
+    from pipeline.core.config import ConfigError
+
+    base = [*BASE, "method=sdar", "trainer.total_steps=1", "learner.precision=fp32", "scorer.precision=fp32"]
+    base.append("scorer.max_noise_ratio=0.005")
+    with pytest.raises(ConfigError, match=r"noise floor.*rollout\.precision=bf16, teacher: scorer\.precision=fp32"):
+        run_training(compose([*base, "rollout.precision=bf16"]), tmp_path / "bf16")
+    assert not (tmp_path / "bf16" / "metrics.jsonl").exists() or not (tmp_path / "bf16" / "metrics.jsonl").read_text()
+    [step] = run_training(compose([*base, "rollout.precision=fp32"]), tmp_path / "fp32")
+    assert step["noise/gap_abs_mean"] <= 0.005 * step["teacher/gap_abs_mean"]
+
+
 def test_the_controls_train_without_a_teacher(ray_local, tmp_path):
     """The null baseline shifts every advantage; the equal-information baseline trains NLL on the
     hinted expert's reply to each training task (the keyword env's answer block), outside the

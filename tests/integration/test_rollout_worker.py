@@ -97,3 +97,34 @@ def test_groups_in_lockstep_merge_into_one_call_per_turn(tiny_model_dir):
         e.privileged_hint == f"Task {g.seed} is won by any three replies." for g in groups for e in g.episodes
     )  # written by the env at reset, read by a hints teacher
     assert sizes[-1] == 16 and len(sizes) <= 5, sizes
+
+
+def test_the_engine_scores_as_the_scorer_actor_does_on_the_weights_it_samples_with(tiny_model_dir, v0_state):
+    """scorer.placement=engine: the rollout worker's own engine gives the teacher log-probs the
+    scorer actor gives on the same weights (fp32: the same forward, to float rounding), after
+    applying the weights queued for its next turn, with their version; below the published
+    version it refuses (a restarted process)."""
+    from actors.handles import WeightsLost
+    from actors.scorer import TeacherScorerWorker
+
+    gen = torch.Generator().manual_seed(1)
+    v3_state = {
+        k: v + 0.05 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v for k, v in v0_state.items()
+    }
+    v3_state["lm_head.weight"] = v3_state["model.embed_tokens.weight"]
+    items = [([5, 6, 7, 8, 9], [10, 11, 12]), ([5, 6], [13, 14, 15, 16, 17]), ([20] * 30, [21])]
+    worker = rollout_worker(tiny_model_dir, "steps3")
+    scorer = TeacherScorerWorker(str(tiny_model_dir), temperature=1.0, micro_batch_tokens=64, precision="fp32")
+    try:
+        worker.set_weights(pack(v3_state, 3))  # queued: the engine still holds v0
+        scorer.set_weights(pack(v3_state, 3))
+        got, version = worker.score(items, min_version=3, micro_batch_tokens=64)
+        want, _ = scorer.score(items, min_version=3)
+        assert version == 3 and worker.engine.version == 3
+        assert [len(x) for x in got] == [3, 5, 1]
+        for g, w in zip(got, want):
+            assert g == pytest.approx(w, abs=1e-5)
+        with pytest.raises(WeightsLost, match="holds weights v3, v4 were published"):
+            worker.score(items, min_version=4)
+    finally:
+        worker.close()

@@ -331,7 +331,8 @@ def test_fake_colocated_vllm_engines_sleep_exactly_while_the_learner_trains():
 class FakeScorer:
     """Stands in for the teacher scorer actor: records which loop asked it to score which group."""
 
-    wants_weights = True
+    wants_weights = self_teacher = True
+    on_engine = False
 
     def __init__(self, delay: float):
         self.delay, self.version, self.calls = delay, 0, []
@@ -339,7 +340,7 @@ class FakeScorer:
     def needs_scoring(self, group) -> bool:  # the surface of TeacherScorer the controller reads
         return any(r.teacher_logprobs is None for r in group.rows())
 
-    async def score(self, groups, step, min_version=0):
+    async def score(self, groups, step, min_version=0, engine=None):
         self.calls.append((asyncio.current_task().get_name(), groups[0].seed))
         await asyncio.sleep(self.delay)
         for g in groups:
@@ -553,7 +554,7 @@ def test_fake_a_dead_scorer_is_revived_and_the_same_group_scored_never_trained_w
     class DyingScorer(FakeScorer):
         name, generation, died = "teacher scorer", 0, 0
 
-        async def score(self, groups, step, min_version=0):
+        async def score(self, groups, step, min_version=0, engine=None):
             if self.died == 0 and len(self.calls) == 2:
                 self.died = 1
                 raise ActorDied(self, self.generation, RuntimeError("SIGKILL"))
@@ -776,7 +777,8 @@ class BehaviourScorer:
     """A FAKE teacher scorer (the loops' bookkeeping only): lpT = the behaviour log-probs. (Not
     ``FakeScorer``: a second class of that name shadowed the first for the tests above it.)"""
 
-    wants_weights = True
+    wants_weights = self_teacher = True
+    on_engine = False
 
     def __init__(self, method):
         self.spec = method.teacher_spec()
@@ -784,7 +786,7 @@ class BehaviourScorer:
     def needs_scoring(self, group) -> bool:
         return any(r.teacher_logprobs is None for e in group.episodes for r in e.turns if self.spec.selects(e, r))
 
-    async def score(self, groups, step, min_version=0):
+    async def score(self, groups, step, min_version=0, engine=None):
         for g in groups:
             for r in g.rows():
                 r.teacher_logprobs, r.teacher_version = list(r.behaviour_logprobs), step
@@ -815,3 +817,19 @@ def test_fake_training_and_plain_validation_get_the_students_view_only_the_privi
     assert len(plain) == 2 * (3 + 1)  # 2 tasks at steps 0, 1, 2 and the test split
     # only a teacher's privileged validation replays the tasks with the hint, never in training
     assert len(privileged) == (len(plain) if name == "sdar_hints" else 0)
+
+
+def test_the_noise_floor_check_refuses_a_teacher_noisier_than_its_signal_and_names_both_numbers():
+    from pipeline.core.config import ConfigError
+    from pipeline.orchestration.step_metrics import check_noise_floor, gap_statistics
+
+    quiet = {
+        **gap_statistics("teacher", [([-1.0, -2.0], [-1.5, -1.0])]),
+        **gap_statistics("noise", [([-1.5], [-1.49])]),
+    }
+    check_noise_floor(quiet, 1.0, "x")  # floor 0.01 against a signal of 0.75
+    noisy = {**quiet, **gap_statistics("noise", [([-1.5, -0.2], [-1.0, -1.0])])}  # floor 0.65
+    with pytest.raises(ConfigError, match=r"noise floor.* is 0\.6500 .*0\.87x its signal .*\(0\.7500\)"):
+        check_noise_floor(noisy, 0.5, "rollout.precision=bf16, teacher: scorer.precision=fp32")
+    check_noise_floor(noisy, None, "x")  # null: never refuse
+    check_noise_floor({"teacher/gap_abs_mean": 0.1}, 0.5, "x")  # no floor measured (noise_floor=false)
