@@ -145,6 +145,60 @@ def test_ray_job_stop_leaves_a_checkpoint_of_the_last_completed_step(ray_cluster
     assert "stopped after step" in logs  # it exited by itself, not by the SIGKILL 20 s later
 
 
+def test_retries_submit_a_failed_job_again_and_it_continues_from_its_checkpoint(ray_cluster, tmp_path):
+    """`--retries 1`: the job's driver is SIGKILLed after step 2 (what a lost node does to it), the
+    job FAILS, submit.sh submits it again with trainer.resume=auto, and the new job continues from
+    the last checkpoint: every step is in metrics.jsonl once, submit.sh exits 0."""
+    import os
+    import signal
+
+    import psutil
+    import requests
+
+    url = ray_cluster
+    run_dir, steps = tmp_path / "run", 6
+    sid = f"privy-test-{uuid.uuid4().hex[:8]}"
+    overrides = [x for x in TINY if x != "trainer.ckpt_every=0"] + ["trainer.ckpt_every=1"]
+    overrides += [f"trainer.total_steps={steps}", "rollout.max_new_tokens=8", "rollout.group_size=2"]
+    overrides += ["trainer.groups_per_step=1", f"trainer.run_dir={run_dir}"]
+    cmd = ["bash", str(SUBMIT), "--address", url, "--submission-id", sid, "--retries", "1"]
+    cmd += ["--runs-dir", str(tmp_path / "runs"), *overrides]
+    proc = subprocess.Popen(cmd, env=cluster_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        t0 = time.time()
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.time() - t0 < JOB_TIMEOUT, proc.communicate()[1][-4000:]
+            time.sleep(0.5)
+        [driver] = [  # the job's python driver (not `ray job submit`, not a shell around it)
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if (cl := p.info["cmdline"] or [])[1:2] == ["scripts/train.py"] and f"trainer.run_dir={run_dir}" in cl
+        ]
+        os.kill(driver.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=JOB_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            _job(url, "stop", f"{sid}-retry1")
+    assert proc.returncode == 0, err[-4000:]
+    assert f"job {sid} FAILED; submitting it again (1 of 1, trainer.resume=auto)" in err, err[-4000:]
+    assert requests.get(f"{url}/api/jobs/{sid}", timeout=30).json()["status"] == "FAILED"
+    assert requests.get(f"{url}/api/jobs/{sid}-retry1", timeout=30).json()["status"] == "SUCCEEDED"
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == list(range(1, steps + 1))
+    assert "trainer.resume=auto: continuing from" in _job(url, "logs", f"{sid}-retry1").stdout
+
+
+def test_retries_need_a_fixed_run_dir(tmp_path):
+    res = subprocess.run(
+        ["bash", str(SUBMIT), "--dry-run", "--cpu", "--retries", "2", "model=tiny"],
+        env={**cluster_env(), "RAY_BIN": RAY},
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2 and "--retries needs trainer.run_dir=" in res.stderr
+
+
 def test_submit_dry_run_quotes_overrides_and_sets_the_env(tmp_path):
     res = subprocess.run(
         [
