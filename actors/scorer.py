@@ -155,8 +155,13 @@ class TeacherScorer(Restartable):
         return rows, items
 
     def needs_scoring(self, group: EpisodeGroup) -> bool:
-        """Whether a row of ``group`` the teacher scores has no teacher log-probs yet."""
-        return any(row.teacher_logprobs is None for row in self._items([group])[0])
+        """Whether a row of ``group`` the teacher scores has no teacher log-probs yet. On the
+        learner's path: the privileged prompts (``_items``) are built only when a selected row
+        lacks log-probs, which is rare (most groups were scored as they completed)."""
+        pending = any(
+            row.teacher_logprobs is None for ep in group.episodes for row in ep.turns if self.spec.selects(ep, row)
+        )
+        return pending and any(row.teacher_logprobs is None for row in self._items([group])[0])
 
     async def score(
         self, groups: list[EpisodeGroup], step: int, min_version: int = 0, engine=None
