@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 export PRIVY_CACHE ?= $(CURDIR)/.cache/privy-rl
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup setup-dev setup-vllm setup-bench bench-trl bench-rollout model models train train-vllm smoke test test-main test-vllm test-fast lint bench clean
+.PHONY: setup setup-dev setup-vllm setup-bench bench-trl bench-rollout model models train train-vllm smoke test test-main test-vllm test-fast lint bench docker-build docker-smoke clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -104,6 +104,17 @@ bench-trl: $(BENCH_STAMP) model
 # Rollout tokens/s with 1, 2, 4 groups in flight on the default ALFWorld recipe (scripts/bench/rollout.py).
 bench-rollout: model
 	$(BIN)/python scripts/bench/rollout.py $(ARGS)
+
+# The CPU image where registries may be out of reach: a debootstrap'ed base, the host's torch CPU
+# wheel, the host's extra CAs as a build secret (scripts/docker_build.sh; docs/cluster.md).
+docker-build:
+	scripts/docker_build.sh
+
+# The compose stack for real (scripts/docker_smoke.sh): the image built, head + worker + trainer up
+# with two short runs, then the worker container killed mid-run; everything it built removed after
+# (PRIVY_DOCKER_KEEP=1 keeps the image). Starts a Docker engine when there is none (root).
+docker-smoke: $(DEV_STAMP) models
+	scripts/docker_smoke.sh
 
 clean:
 	rm -rf runs outputs multirun .pytest_cache

@@ -127,11 +127,26 @@ def test_cpu_image_installs_like_make_setup():
     )
     assert "--index-url https://download.pytorch.org/whl/cpu" in torch_cmd, torch_cmd
     assert torch_steps[0] < project_steps[0], "torch must be installed before the project"
-    # Every torch mention in the image is the same pin (no second, unpinned install).
+    # Every torch mention in the image is the same pin: the index's torch==PIN, or the host's CPU
+    # wheel of that version from docker/wheels (no second, unpinned install).
     for c in steps:
-        for m in re.finditer(r"\btorch(==[0-9.]+)?\b", c):
-            assert m.group(1) == f"=={pin}", f"unpinned or different torch in {c!r}"
-    assert re.search(r"^FROM python:3\.11-slim\b", DOCKERFILE_CPU.read_text(), re.M)
+        for m in re.finditer(r"\btorch(==[0-9.]+|-[0-9][0-9.]*\+cpu-\S*\.whl)?", c):
+            assert m.group(1) in (f"=={pin}", f"-{pin}+cpu-*.whl"), f"unpinned or different torch in {c!r}"
+    text = DOCKERFILE_CPU.read_text()
+    assert re.search(r"^ARG BASE=python:3\.11-slim$", text, re.M) and re.search(r"^FROM \$\{BASE\}$", text, re.M)
+
+
+def test_the_proxy_ca_and_the_torch_wheel_are_mounted_never_copied():
+    """The host's CA bundle reaches pip only as a BuildKit secret, the wheel only as a bind mount:
+    neither is in a layer of the image (a published image must not carry a proxy's CA)."""
+    runs = _run_lines(DOCKERFILE_CPU)
+    pip_runs = [r for r in runs if "pip install" in r]
+    assert pip_runs and all("--mount=type=secret,id=pip_cert" in r for r in pip_runs), pip_runs
+    assert any("--mount=type=bind,source=docker/wheels,target=/tmp/wheels" in r for r in runs)
+    copies = [line for line in DOCKERFILE_CPU.read_text().splitlines() if line.startswith(("COPY", "ADD"))]
+    assert not [c for c in copies if "wheels" in c or ".crt" in c or "cert" in c.lower()], copies
+    # `COPY . .` (or of docker/) would put the mounted wheel into a layer after all.
+    assert not [c for c in copies if re.match(r"(COPY|ADD)\s+(\.|\./|docker/?)\s", c)], copies
 
 
 def test_gpu_image_pins_vllm_torch_and_deepspeed():
