@@ -26,9 +26,10 @@ command -v debootstrap >/dev/null || { echo "docker_base: needs debootstrap (apt
 [ "$(id -u)" = 0 ] || { echo "docker_base: debootstrap needs root" >&2; exit 1; }
 root=$(mktemp -d /tmp/privy-base.XXXXXX)
 trap 'rm -rf "$root"' EXIT
-# minbase: apt and dpkg only; python3-venv brings ensurepip (the Dockerfile's venv), ca-certificates
+# minbase: apt and dpkg only; python3-venv brings ensurepip (the Dockerfile's venv), python3-dev the
+# headers DeepSpeed's shm_comm op is compiled against (python:3.11-slim has them), ca-certificates
 # the public CAs pip needs where HTTPS is not intercepted.
-debootstrap --variant=minbase --include=ca-certificates,python3,python3-venv bookworm "$root" "$MIRROR" >&2
+debootstrap --variant=minbase --include=ca-certificates,python3,python3-venv,python3-dev bookworm "$root" "$MIRROR" >&2
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
 # The Dockerfile's `apt-get update` needs the same sources as the official image (main, updates, security).
 cat >"$root/etc/apt/sources.list" <<EOF

@@ -27,6 +27,10 @@ OUT=runs/docker-smoke  # the compose file mounts runs/ at /runs
 export PRIVY_CACHE=${PRIVY_CACHE:-$ROOT/.cache/privy-rl}
 export PRIVY_IMAGE=privy-rl:cpu
 rm -rf "$OUT" && mkdir -p "$OUT"
+t_all=$(date +%s)
+# The commit (read now: the tree may change while this runs), the machine and the command: meta.json.
+.venv/bin/python -c 'import sys; from pathlib import Path; from pipeline.tools.results import write_meta
+write_meta(Path(sys.argv[1]), Path("."), kind="docker-smoke", command="make docker-smoke")' "$OUT"
 SUMMARY=$OUT/summary.jsonl
 say() { echo "docker-smoke: $*" >&2; }
 record() { printf '%s\n' "$1" >>"$SUMMARY"; }
@@ -40,8 +44,9 @@ if ! engine_up; then
   if ! command -v dockerd >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       say "no Docker engine: installing docker.io, iptables, debootstrap with apt"
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io iptables debootstrap >"$OUT/apt.log" 2>&1 \
-        || { say "SKIPPED: apt-get install docker.io failed (see $OUT/apt.log)"; exit 3; }
+      { DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io iptables debootstrap \
+        || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io iptables debootstrap; }; } \
+        >"$OUT/apt.log" 2>&1 || { say "SKIPPED: apt-get install docker.io failed (see $OUT/apt.log)"; exit 3; }
     else
       say "SKIPPED: no Docker engine, and none can be installed here (needs root and apt-get)"; exit 3
     fi
@@ -69,7 +74,9 @@ cleanup() {
   "${COMPOSE[@]}" down --remove-orphans -t 5 >/dev/null 2>&1 || true
   if [ "${PRIVY_DOCKER_KEEP:-0}" != 1 ]; then
     "$DOCKER" rmi -f "$PRIVY_IMAGE" privy-rl-base:bookworm >/dev/null 2>&1 || true
+    "$DOCKER" image prune -f >/dev/null 2>&1 || true
     "$DOCKER" builder prune -af >/dev/null 2>&1 || true
+    find docker/wheels -name '*.whl' -delete
   fi
   if [ -n "$started_dockerd" ]; then kill "$started_dockerd" 2>/dev/null || true; wait "$started_dockerd" 2>/dev/null || true; fi
   exit $rc
@@ -170,4 +177,5 @@ expect_steps "$OUT/$name" "$steps"
 [[ " $live " == *" 1 "* ]] || { say "FAIL: $name: rollout/live_workers never 1: [$live]"; exit 1; }
 say "$name: the run finished all $steps steps on the head in $s s (live workers: $live)"
 du -sb /var/lib/docker 2>/dev/null | awk '{print "{\"phase\": \"disk\", \"var_lib_docker_bytes\": " $1 "}"}' >>"$SUMMARY" || true
+record "{\"phase\": \"total\", \"wall_s\": $(($(now) - t_all)), \"engine_started_here\": $([ -n "$started_dockerd" ] && echo true || echo false)}"
 say "PASS (summary: $SUMMARY)"
