@@ -143,6 +143,7 @@ export RAY_HEAD_CPUS=2 RAY_WORKER_CPUS=2
 log=$OUT/$name.log
 t=$(now)
 "${COMPOSE[@]}" up -d --no-build trainer >"$log" 2>&1  # the head (its dependency) and the trainer only
+record "{\"phase\": \"stack_start\", \"head_healthy_and_trainer_started_s\": $(($(now) - t))}"
 head_free() {
   "${COMPOSE[@]}" exec -T ray-head python -c \
     'import ray; ray.init(address="auto", logging_level="ERROR"); print(int(ray.available_resources().get("CPU", 0)))' 2>/dev/null | tail -1
