@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 export PRIVY_CACHE ?= $(CURDIR)/.cache/privy-rl
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup setup-dev setup-vllm setup-bench bench-trl bench-rollout model models train train-vllm smoke test test-main test-vllm test-fast lint bench docker-build docker-smoke clean
+.PHONY: setup setup-dev setup-vllm setup-bench bench-trl bench-rollout model models train train-vllm smoke test test-main test-vllm test-fast lint bench docker-build docker-smoke gpu-check-cpu clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -115,6 +115,11 @@ docker-build:
 # (PRIVY_DOCKER_KEEP=1 keeps the image). Starts a Docker engine when there is none (root).
 docker-smoke: $(DEV_STAMP) models
 	scripts/docker_smoke.sh
+
+# scripts/gpu_check.sh (the whole-pipeline check of a GPU machine) on CPU with the tiny model, as CI
+# runs it: the phases that need no GPU run, the others say why they are skipped.
+gpu-check-cpu: $(DEV_STAMP) models
+	OUT=runs/gpu_check_cpu scripts/gpu_check.sh --cpu
 
 clean:
 	rm -rf runs outputs multirun .pytest_cache
