@@ -180,4 +180,46 @@ say "$name: the run finished all $steps steps on the head in $s s (live workers:
 du -sb /var/lib/docker 2>/dev/null | awk '{print "{\"phase\": \"disk\", \"var_lib_docker_bytes\": " $1 "}"}' >>"$SUMMARY" || true
 record "{\"phase\": \"total\", \"wall_s\": $(($(now) - t_all)), \"engine_started_here\": $([ -n "$started_dockerd" ] && echo true || echo false)}"
 rm -rf "$OUT"/*/checkpoints  # GBs (SmolLM2's final checkpoint): the metrics are what is checked
+# The table of docs/cluster.md, and (PRIVY_DOCKER_RESULTS=docs/results/docker_smoke) the result folder.
+.venv/bin/python - "$OUT" "${PRIVY_DOCKER_RESULTS:-}" <<'PY'
+import json, shutil, sys
+from pathlib import Path
+from pipeline.tools.results import write_tables
+out, dest = Path(sys.argv[1]), sys.argv[2]
+by = {r["phase"]: r for r in map(json.loads, (out / "summary.jsonl").read_text().splitlines())}
+b, k = by["build"], by["worker_kill"]
+live = k["live_workers"].split()
+first_one = live.index("1") + 1 if "1" in live else 0
+rows = [
+    {"phase": "image build, " + ("cold (base + apt + pip)" if b["cold"] else "first (the image existed)"),
+     "seconds": b["first_build_s"], "detail": f"image {b['image_bytes'] / 1e9:.2f} GB"},
+    {"phase": "image build, warm (every layer cached)", "seconds": b["warm_build_s"], "detail": ""},
+    {"phase": "stack start: head healthy, trainer started",
+     "seconds": by["stack_start"]["head_healthy_and_trainer_started_s"], "detail": ""},
+]
+for name, what in (("tiny", "tiny model, keyword, 2 steps"), ("smollm2_keyword", "SmolLM2-135M, keyword, 3 steps")):
+    rows.append({"phase": f"compose up -> trainer exit: {what}", "seconds": by[name]["wall_s"],
+                 "detail": f"exit {by[name]['rc']}, steps {by[name]['steps']}"})
+rows.append({"phase": "worker container killed mid-run: tiny, 40 steps, 2 rollout workers, min_workers=1",
+             "seconds": k["wall_s"],
+             "detail": f"killed at step {k['killed_at_step']}; exit {k['rc']}; {len(k['steps'].split())}/40 steps; "
+                       f"live workers 2 at steps 1-{first_one - 1}, 1 from step {first_one}; events: {k['events']}"})
+rows.append({"phase": "peak /var/lib/docker (image, base, build cache)", "seconds": "",
+             "detail": f"{by['disk']['var_lib_docker_bytes'] / 1e9:.2f} GB, removed after"})
+rows.append({"phase": "in all, to the last check" + (" (dockerd started by it)" if by["total"]["engine_started_here"] else "") + "; removing the image after: not counted",
+             "seconds": by["total"]["wall_s"], "detail": ""})
+write_tables(out, {"table": rows})
+if dest:
+    d = Path(dest)
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    for f in ("summary.jsonl", "meta.json", "table.json", "table.md", "build.log"):
+        shutil.copy2(out / f, d / f)
+    (d / "command.txt").write_text("PRIVY_DOCKER_RESULTS=docs/results/docker_smoke make docker-smoke\n")
+    for name in ("tiny", "smollm2_keyword", "worker_kill"):  # not runs/: that name is for learning runs
+        (d / "stack_runs" / name).mkdir(parents=True)
+        for f in ("metrics.jsonl", "events.jsonl", "config.yaml", "hardware.json", "summary.json"):
+            if (out / name / f).exists():
+                shutil.copy2(out / name / f, d / "stack_runs" / name / f)
+PY
 say "PASS (summary: $SUMMARY)"
