@@ -298,6 +298,21 @@ def write_meta(folder: Path, root: Path, git: dict | None = None, **fields) -> N
     (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
+def write_benchmark(
+    out: Path, root: Path, report: dict, table: list[dict], git: dict, workload: list[str] | None = None
+) -> None:
+    """A benchmark's result folder: its whole report, the command that made it, where it ran (the
+    commit read before the runs started) and its table, so docs can quote the table and
+    ``check`` can tell a hand-edited one."""
+    out.mkdir(parents=True, exist_ok=True)
+    command = report["command"]
+    (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "command.txt").write_text(f"cd {root} && {command}\n")
+    extra = {"workload": workload} if workload is not None else {}
+    write_meta(out, root, git=git, kind="benchmark", command=command, **extra)
+    write_tables(out, {"table": table})
+
+
 def folder_tables(folder: Path) -> dict[str, list[dict]]:
     """The tables a learning folder's runs give (its baseline and split from ``meta.json``)."""
     meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}

@@ -110,13 +110,8 @@ def main() -> None:
     report = {"command": command, "sizes": rows}
     print(json.dumps(report, indent=1))
     if args.out:
-        from pipeline.tools.results import write_meta, write_tables
+        from pipeline.tools.results import write_benchmark
 
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
-        (out / "command.txt").write_text(f"cd {ROOT} && {command}\n")
-        write_meta(out, ROOT, git=git, kind="benchmark", command=command)
         table = [
             {
                 "model shape": f"SmolLM2-{r['size'].upper()}",
@@ -128,8 +123,8 @@ def main() -> None:
             }
             for r in rows
         ]
-        write_tables(out, {"table": table})
-        print(f"wrote {out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
+        write_benchmark(Path(args.out), ROOT, report, table, git)
+        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Sync vs async pipeline benchmark: the same workload at max_policy_lag=0 and =1.
 
     python scripts/bench/pipeline.py [--model tiny|smollm2_135m] [--env keyword|alfworld]
-                                     [--steps 6] [--warmup 1] [extra hydra overrides...]
+                                     [--steps 6] [--warmup 1] [--out DIR] [extra hydra overrides...]
 
 Prints one JSON object: per mode, mean seconds per step, rollout seconds per step (the groups'
 generation time), learner seconds per step, rollout and learner tokens/s; and the ratios
@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
-from pipeline.orchestration.run import run_training
-from pipeline.tools.cli import compose
+from pipeline.orchestration.run import run_training  # noqa: E402
+from pipeline.tools.cli import compose  # noqa: E402
+from pipeline.tools.results import git_commit, write_benchmark  # noqa: E402
 
 
 def summarise(history: list[dict], warmup: int, groups_per_step: int, workers: int) -> dict:
@@ -40,13 +43,38 @@ def summarise(history: list[dict], warmup: int, groups_per_step: int, workers: i
     }
 
 
+def table(out: dict) -> list[dict]:
+    rows = []
+    for lag in (0, 1):
+        r = out[f"lag{lag}"]
+        bound = max(r["rollout_s_per_step"], r["learner_s_per_step"])
+        rows.append(
+            {
+                "max_policy_lag": lag,
+                "s / step": f"{r['step_s']:.2f}",
+                "rollout s / step": f"{r['rollout_s_per_step']:.2f}",
+                "learner s / step": f"{r['learner_s_per_step']:.2f}",
+                "rollout tokens / s": f"{r['rollout_tokens_per_s']:.1f}",
+                "learner tokens / s": f"{r['learner_tokens_per_s']:.1f}",
+                "learner idle fraction": f"{r['learner_idle_frac']:.2f}",
+                "mean policy lag": f"{r['policy_lag_mean']:.2f}",
+                "vs lag 0": f"{r['step_s'] / out['lag0']['step_s']:.2f}x",
+                "step / max(rollout, learner)": f"{r['step_s'] / bound:.2f}",
+            }
+        )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--env", default="keyword")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--out", help="a result folder (results.json, table.md, meta.json, command.txt)")
     args, extra = ap.parse_known_args()
+    command = shlex.join([sys.executable, *sys.argv])
+    git = git_commit(ROOT)  # the code the runs use, read before they start
     base = [
         f"model={args.model}",
         f"env={args.env}",
@@ -56,7 +84,7 @@ def main() -> None:
         "logger.progress=false",
         *extra,
     ]
-    out = {"model": args.model, "env": args.env, "steps": args.steps, "overrides": extra}
+    out = {"command": command, "model": args.model, "env": args.env, "steps": args.steps, "overrides": extra}
     for lag in (0, 1):
         cfg = compose(base + [f"trainer.max_policy_lag={lag}"])
         with tempfile.TemporaryDirectory() as d:
@@ -66,6 +94,9 @@ def main() -> None:
     out["async_over_sync"] = a["step_s"] / s["step_s"]
     out["async_over_bound"] = a["step_s"] / max(a["rollout_s_per_step"], a["learner_s_per_step"])
     print(json.dumps(out, indent=1))
+    if args.out:
+        write_benchmark(Path(args.out), ROOT, out, table(out), git, base)
+        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
 
 
 if __name__ == "__main__":

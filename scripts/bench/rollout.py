@@ -3,7 +3,7 @@
     python scripts/bench/rollout.py                       # the default ALFWorld recipe (SmolLM2, G=4)
     python scripts/bench/rollout.py --model tiny --env keyword --group-size 8 --groups 16 \\
         --in-flight 1 2 4 8 16                           # the GPU-shaped workload, on CPU
-    [--max-turns N] [--max-new-tokens 48] [--temperature 0.7] [--precision auto] [--out rollout.json]
+    [--engine hf vllm] [--max-turns N] [--max-new-tokens 48] [--temperature 0.7] [--precision auto] [--out DIR]
 
 The worker is the plain ``RolloutWorker`` (no Ray, no learner: rollout alone), with the engine and
 env of a real run; ``--in-flight k`` plays ``--groups`` groups (task seeds 0..groups-1, the same at
@@ -19,60 +19,31 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="smollm2_135m")
-    ap.add_argument("--env", default="alfworld")
-    ap.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="vllm: run with .venv-vllm/bin/python")
-    ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--groups", type=int, default=4)
-    ap.add_argument("--in-flight", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--max-turns", type=int, default=None, help="cap on turns per episode (default: the env's)")
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-
-    from pipeline.core.runtime_env import set_process_env
-
-    set_process_env()
+def measure(args, engine: str) -> dict:
+    """One engine: a worker of a real run, the same groups played at each ``--in-flight``."""
     from actors.rollout import RolloutWorker
     from pipeline.core.config import EnvConfig
-    from pipeline.core.hardware import CpuFeatures
     from pipeline.models import resolve_model
     from pipeline.tools.cli import compose
 
-    base = compose([f"model={args.model}", f"env={args.env}", f"rollout={args.engine}"])
+    base = compose([f"model={args.model}", f"env={args.env}", f"rollout={engine}"])
     rcfg = dataclasses.replace(
         base.rollout, max_new_tokens=args.max_new_tokens, group_size=args.group_size, precision=args.precision
     )
     env_cfg: EnvConfig = base.env
-    model_dir = resolve_model(base.model.name)
-    worker = RolloutWorker(rcfg, env_cfg, str(model_dir), chat_template=base.model.chat_template)
+    worker = RolloutWorker(rcfg, env_cfg, str(resolve_model(base.model.name)), chat_template=base.model.chat_template)
     info = worker.hardware()
-    cpu = CpuFeatures.detect()
-    out = {
-        "model": args.model,
-        "env": args.env,
-        "engine": args.engine,
-        "group_size": args.group_size,
-        "groups": args.groups,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "precision": info["precision"],
-        "threads": info["threads"],
-        "cpu": {"capability": cpu.capability, "native_bf16": cpu.native_bf16},
-        "runs": {},
-    }
+    out = {"precision": info["precision"], "threads": info["threads"], "runs": {}}
 
     def play(seed: int):
         return worker.run_group(
@@ -93,28 +64,90 @@ def main() -> None:
         wall = time.perf_counter() - t0
         tokens = sum(g.n_generated_tokens for g in groups)
         eps = [e for g in groups for e in g.episodes]
-        run = {
+        after = worker.batcher.stats.snapshot()
+        calls = after["calls"] - before["calls"]
+        out["runs"][str(k)] = {
             "seconds": wall,
             "tokens": tokens,
             "tokens_per_s": tokens / wall,
             "episodes_per_s": len(eps) / wall,
             "turns": sum(len(e.turns) for e in eps),
             "success": sum(e.won for e in eps) / len(eps),
+            "generate_calls": calls,
+            "sequences_per_call": (after["sequences"] - before["sequences"]) / max(calls, 1),
+            "generate_seconds_frac": (after["seconds"] - before["seconds"]) / wall,
         }
-        after = worker.batcher.stats.snapshot()
-        calls = after["calls"] - before["calls"]
-        run["generate_calls"] = calls
-        run["sequences_per_call"] = (after["sequences"] - before["sequences"]) / max(calls, 1)
-        run["generate_seconds_frac"] = (after["seconds"] - before["seconds"]) / wall
-        out["runs"][str(k)] = run
-        print(f"in flight {k}: {run['tokens_per_s']:.1f} tokens/s, {run['seconds']:.1f} s", file=sys.stderr, flush=True)
+        print(f"{engine}, in flight {k}: {tokens / wall:.1f} tokens/s, {wall:.1f} s", file=sys.stderr, flush=True)
     first = out["runs"][str(args.in_flight[0])]["tokens_per_s"]
     out["ratio_to_first"] = {k: r["tokens_per_s"] / first for k, r in out["runs"].items()}
     worker.close()
-    text = json.dumps(out, indent=1)
-    print(text)
+    return out
+
+
+def table(report: dict) -> list[dict]:
+    engines = report["engines"]
+    hf = engines.get("hf")
+    rows = []
+    for name, res in engines.items():
+        for k, r in res["runs"].items():
+            row = {
+                "engine": name,
+                "groups in flight": k,
+                "tokens / s": f"{r['tokens_per_s']:.1f}",
+                "episodes / s": f"{r['episodes_per_s']:.2f}",
+                "sequences / generate call": f"{r['sequences_per_call']:.1f}",
+                "vs 1 in flight": f"{res['ratio_to_first'][k]:.2f}x",
+            }
+            if hf is not None and name != "hf" and k in hf["runs"]:
+                row["vs hf, same k"] = f"{r['tokens_per_s'] / hf['runs'][k]['tokens_per_s']:.2f}x"
+            rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2_135m")
+    ap.add_argument("--env", default="alfworld")
+    ap.add_argument(
+        "--engine", nargs="+", default=["hf"], choices=["hf", "vllm"], help="vllm: run with .venv-vllm/bin/python"
+    )
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--in-flight", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--max-turns", type=int, default=None, help="cap on turns per episode (default: the env's)")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
+    ap.add_argument("--out", default=None, help="a result folder (results.json, table.md, meta.json, command.txt)")
+    args = ap.parse_args()
+    command = shlex.join([sys.executable, *sys.argv])
+
+    from pipeline.core.runtime_env import set_process_env
+    from pipeline.tools.results import git_commit
+
+    set_process_env()
+    from pipeline.core.hardware import CpuFeatures
+
+    git = git_commit(ROOT)  # the code the runs use, read before they start
+    cpu = CpuFeatures.detect()
+    report = {
+        "command": command,
+        "model": args.model,
+        "env": args.env,
+        "group_size": args.group_size,
+        "groups": args.groups,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "cpu": {"capability": cpu.capability, "native_bf16": cpu.native_bf16},
+        "engines": {engine: measure(args, engine) for engine in args.engine},
+    }
+    print(json.dumps(report, indent=1))
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        from pipeline.tools.results import write_benchmark
+
+        workload = [f"model={args.model}", f"env={args.env}", f"group_size={args.group_size}", f"groups={args.groups}"]
+        write_benchmark(Path(args.out), ROOT, report, table(report), git, workload)
+        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
 
 
 if __name__ == "__main__":

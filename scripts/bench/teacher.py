@@ -138,15 +138,10 @@ def main() -> None:
     report = {"command": command, "workload": [*WORKLOAD, f"trainer.total_steps={args.steps}", *extra], "sides": sides}
     print(json.dumps(report, indent=1))
     if args.out:
-        from pipeline.tools.results import write_meta, write_tables
+        from pipeline.tools.results import write_benchmark
 
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
-        (out / "command.txt").write_text(f"cd {ROOT} && {command}\n")
-        write_meta(out, ROOT, git=git, kind="benchmark", command=command, workload=report["workload"])
-        write_tables(out, {"table": table(sides)})
-        print(f"wrote {out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
+        write_benchmark(Path(args.out), ROOT, report, table(sides), git, report["workload"])
+        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
 
 
 if __name__ == "__main__":
