@@ -28,6 +28,12 @@ from pipeline.distributed.weight_sync import WeightPacket, verify
 
 
 class TeacherScorerWorker:
+    """``engine="hf"``: the teacher is an HF model and ``score`` one no-grad forward per
+    micro-batch. ``engine="vllm"`` (``scorer.engine=vllm``): the teacher is a ``VLLMEngine`` of
+    this actor's own, scoring with ``prompt_logprobs`` (temperature 1 only), as an inference
+    server would serve a frozen OPD teacher; weights sent to it (a self-teacher) are reloaded in
+    place. ``vllm``: the engine's options (``rollout.vllm``)."""
+
     def __init__(
         self,
         model_path: str,
@@ -37,6 +43,9 @@ class TeacherScorerWorker:
         precision: str = "auto",
         device: str = "cpu",
         threads: int | None = None,
+        engine: str = "hf",
+        vllm=None,
+        chat_template: str | None = None,
     ):
         from pipeline.models import as_torch_dtype, load_model
 
@@ -44,19 +53,48 @@ class TeacherScorerWorker:
         # "cuda": local device 0 of the GPU Ray gave this actor (scorer.num_gpus > 0).
         self.device = torch.device(device)
         self.precision = choose_precision(precision, self.device.type)
-        self.model = load_model(model_path, as_torch_dtype(self.precision.dtype), self.device)
-        self.model.requires_grad_(False)
+        self.engine = None
+        if engine == "vllm":
+            import json
+            from pathlib import Path
+
+            from actors.engines.vllm import VLLMEngine
+
+            v = vllm
+            # A privileged prompt is longer than the student's by its context: by default the
+            # engine takes what the model does (capped: the KV cache must hold one sequence).
+            positions = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings", 4096)
+            self.engine = VLLMEngine(
+                model_path,
+                dtype=self.precision.dtype,
+                max_model_len=v.max_model_len or min(int(positions), 8192),
+                gpu_memory_utilization=v.gpu_memory_utilization,
+                enforce_eager=v.enforce_eager,
+                in_process=True,
+                kv_cache_gb=v.kv_cache_gb,
+                chat_template=chat_template,
+            )
+            self.model = None
+        else:
+            self.model = load_model(model_path, as_torch_dtype(self.precision.dtype), self.device)
+            self.model.requires_grad_(False)
         self.temperature = temperature
         self.micro_batch_tokens = micro_batch_tokens
         self.version = 0
+
+    def _load(self, state_dict, version: int) -> None:
+        if self.engine is not None:
+            self.engine.load_state_dict(state_dict, version)
+        else:
+            self.model.load_state_dict(state_dict, strict=True)
+        self.version = version
 
     def hardware(self) -> dict:
         return hardware_info(self.precision, self.threads)
 
     def set_weights(self, packet: WeightPacket) -> int:
         verify(packet)
-        self.model.load_state_dict(packet.state_dict, strict=True)
-        self.version = packet.version
+        self._load(packet.state_dict, packet.version)
         return self.version
 
     # Collective route (pipeline/distributed/collective_sync.py): same contract as set_weights.
@@ -83,8 +121,7 @@ class TeacherScorerWorker:
                 f"the teacher scorer is not in the weight group (a restarted process); "
                 f"weights v{version} cannot reach it"
             )
-        self.model.load_state_dict(self._receiver.receive(version), strict=True)
-        self.version = version
+        self._load(self._receiver.receive(version), version)
         return self.version
 
     def score(self, items: list[tuple[list[int], list[int]]], min_version: int = 0) -> tuple[list[list[float]], int]:
@@ -96,6 +133,8 @@ class TeacherScorerWorker:
                 f"the teacher scorer holds weights v{self.version}, v{min_version} "
                 f"were published: its process was restarted"
             )
+        if self.engine is not None:
+            return self.engine.score(items, temperature=self.temperature), self.version
         lps = score_responses(
             self.model, items, temperature=self.temperature, micro_batch_tokens=self.micro_batch_tokens
         )

@@ -16,6 +16,9 @@ Same contract as the HF engine (``actors/engines/base.py``):
   shared memory. The prefix cache is reset after each load: KV blocks computed with the old
   weights must never be reused for prompts sampled with the new ones.
 
+As the teacher (``scorer.placement=engine``) it scores privileged prompt + response with
+``prompt_logprobs`` on the weights it holds (``score``), at temperature 1 only.
+
 Sleep mode (``sleep`` / ``wake_up``) frees the KV cache and offloads weights while a colocated
 learner trains; vLLM implements it for CUDA only, so on CPU both are no-ops.
 """
@@ -238,6 +241,45 @@ class VLLMEngine(GenerationEngine):
         else:  # stopped on an EOS id vLLM did not keep in the output: report what was sampled
             reason = FinishReason.STOP
         return Generation(token_ids=ids, logprobs=lps, finish_reason=reason)
+
+    # ------------------------------------------------------------------------------ scoring
+    can_score = True
+
+    def score(self, items, *, temperature, micro_batch_tokens=None):
+        """The teacher's log-probs of each (prompt ids, response ids) on the weights this engine
+        samples with (``scorer.placement=engine``): one prefill per item with ``prompt_logprobs``,
+        one token generated and dropped. vLLM computes prompt log-probs from the raw logits (they
+        skip the sampler, so no temperature), hence ``temperature`` must be 1 (checked at launch:
+        ``check_config``). Requests asking for prompt log-probs never read the prefix cache
+        (vLLM's rule), so no KV block from older weights enters a score. ``micro_batch_tokens``
+        is the HF engine's knob; vLLM's scheduler batches by its own token budget."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if abs(temperature - 1.0) > 1e-9:
+            raise ValueError(
+                "the vLLM engine scores at temperature 1 only (its prompt log-probs skip the sampler), "
+                f"got {temperature}"
+            )
+        if not items:
+            return []
+        for i, (prompt, response) in enumerate(items):
+            if not prompt or not response:
+                raise ValueError(f"score item {i}: empty prompt or response")
+            if len(prompt) + len(response) + 1 > self._max_model_len:
+                raise ValueError(
+                    f"score item {i}: {len(prompt)} + {len(response)} tokens exceed max_model_len="
+                    f"{self._max_model_len}; raise rollout.vllm.max_model_len"
+                )
+        params = SamplingParams(n=1, max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        requests = [TokensPrompt(prompt_token_ids=[*p, *r]) for p, r in items]
+        outs = self._llm.generate(requests, params, use_tqdm=False)
+        lps = []
+        for (prompt, response), o in zip(items, outs):
+            plp = o.prompt_logprobs  # [len(prompt) + len(response)], None at position 0
+            tail = plp[len(prompt) :]
+            lps.append([float(step[tok].logprob) for tok, step in zip(response, tail)])
+        return lps
 
     # ------------------------------------------------------------------------------ weights
     def _check_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:

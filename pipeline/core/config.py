@@ -81,10 +81,24 @@ def _check_rollout(cfg: PrivyConfig) -> None:
     m = cfg.scorer.max_noise_ratio
     _require(m is None or m > 0, f"scorer.max_noise_ratio={m} must be > 0 (or null: never refuse)")
     _require(cfg.scorer.placement in ("actor", "engine"), f"scorer.placement={cfg.scorer.placement!r}: actor | engine")
+    _require(cfg.scorer.engine in ("hf", "vllm"), f"scorer.engine={cfg.scorer.engine!r}: hf | vllm")
     _require(
-        cfg.scorer.placement != "engine" or r.engine == "hf",
-        "scorer.placement=engine scores on the rollout engine, and only the HF engine scores yet "
-        "(vLLM prompt_logprobs: not built): use rollout.engine=hf or scorer.placement=actor",
+        cfg.scorer.engine == "hf" or cfg.scorer.placement == "actor",
+        "scorer.engine is the scorer actor's engine; with scorer.placement=engine the rollout engine "
+        "scores (rollout.engine): drop scorer.engine or use scorer.placement=actor",
+    )
+    _require(
+        cfg.scorer.engine != "vllm" or r.temperature == 1.0,
+        f"scorer.engine=vllm scores at temperature 1 (vLLM's prompt log-probs skip the sampler), and "
+        f"rollout.temperature={r.temperature}: set rollout.temperature=1.0, or scorer.engine=hf",
+    )
+    # vLLM's prompt log-probs come from the raw logits (they skip the sampler), so a vLLM
+    # teacher scores at temperature 1 while the scorer actor scores at rollout.temperature.
+    _require(
+        cfg.scorer.placement != "engine" or r.engine != "vllm" or r.temperature == 1.0,
+        f"scorer.placement=engine with rollout.engine=vllm scores at temperature 1 (vLLM's prompt "
+        f"log-probs skip the sampler), and rollout.temperature={r.temperature}: set rollout.temperature=1.0, "
+        "or scorer.placement=actor",
     )
     _require(
         cfg.scorer.micro_batch_tokens is None or cfg.scorer.micro_batch_tokens >= 64,

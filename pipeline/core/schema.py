@@ -113,6 +113,10 @@ class ScorerConfig:
     # rollout workers' own engines (HF), which hold the policy already: no actor, no extra copy,
     # no extra sync. precision and num_gpus are the actor's; on the engine route the rollout's.
     placement: str = "actor"
+    # The actor's forward: hf = a no-grad HF forward; vllm = prompt_logprobs on a vLLM engine of
+    # the actor's own (rollout.vllm's settings; temperature 1 only): a frozen teacher (RetireOPD's
+    # phase 2, OPD from a checkpoint) served as on an inference server, never sent weights.
+    engine: str = "hf"
     precision: str = "auto"  # teacher weights: auto (bf16 where native) | fp32 | bf16
     num_gpus: float = 0.0  # Ray GPUs of the scorer actor (its model goes to cuda when > 0)
     micro_batch_tokens: int | None = None  # forward token budget; None = learner.micro_batch_tokens

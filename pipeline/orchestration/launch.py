@@ -255,6 +255,9 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
                 precision=cfg.scorer.precision,
                 device="cuda" if cfg.scorer.num_gpus > 0 else "cpu",
                 threads=n_threads,
+                engine=cfg.scorer.engine,
+                vllm=cfg.rollout.vllm,
+                chat_template=cfg.model.chat_template,
             )
         )
         scorer = TeacherScorer(actor, spec, prompts, timeout_s=cfg.scorer.timeout_s, noise_floor=cfg.scorer.noise_floor)

@@ -48,6 +48,16 @@ def test_bad_values_fail_at_launch_naming_the_key(override, words):
         compose([override])
 
 
+def test_a_vllm_teacher_away_from_temperature_1_fails_at_launch():
+    """vLLM's prompt log-probs skip the sampler (temperature 1): scoring there at 0.7 would train
+    against another distribution than the scorer actor's, so it is refused, naming the fix."""
+    engine = ["rollout=vllm", "method=sdar", "scorer.placement=engine"]
+    with pytest.raises(ConfigError, match=r"set rollout\.temperature=1\.0"):
+        compose([*engine, "rollout.temperature=0.7"])
+    assert compose([*engine, "rollout.temperature=1.0"]).scorer.placement == "engine"
+    assert compose(["rollout=vllm", "method=sdar", "rollout.temperature=0.7"]).scorer.placement == "actor"
+
+
 def test_unknown_key_fails_at_composition():
     with pytest.raises(Exception, match="learner.not_a_key|not_a_key"):
         compose(["+learner.not_a_key=1"])

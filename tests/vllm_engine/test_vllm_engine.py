@@ -7,6 +7,7 @@ What is checked against what:
 - greedy decoding agrees token for token with the HF engine on SmolLM2;
 - in-place weight reloads change the distribution, restoring the weights restores it, and the
   prefix cache never serves KV computed with old weights;
+- as the teacher (``score``), prompt log-probs equal the learner's forward, also after a reload;
 - strict names and shapes on reload; per-request seeds (identical prompts get different samples,
   the same seed gives the same samples).
 
@@ -148,6 +149,41 @@ def test_reload_weights_in_place_and_prefix_cache_is_not_stale(engine, hf_model)
     restored = engine.generate([prompt], max_new_tokens=8, temperature=0.0)[0]
     assert restored.token_ids == base.token_ids
     assert torch.allclose(torch.tensor(restored.logprobs), torch.tensor(base.logprobs), atol=1e-4)
+
+
+def test_score_is_the_learner_forward_on_the_weights_it_holds(engine, hf_model):
+    """scorer.placement=engine on vLLM: prompt_logprobs of (privileged prompt + response) equal
+    the learner's forward at temperature 1, before and after an in-place reload (the score follows
+    the weights, and no prefix-cache block computed with the old ones enters it)."""
+    tok = engine.tokenizer
+    prompts = [_chat(tok, q) for q in ("hint: the word is apple. Say it.", "look around the kitchen and find a mug")]
+    gens = engine.generate(prompts, max_new_tokens=12, temperature=1.0, seed=5)
+    items = [(p, g.token_ids) for p, g in zip(prompts, gens)]
+    original = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
+
+    def gap() -> float:
+        got = engine.score(items, temperature=1.0)
+        ref = _score(hf_model, prompts, gens, 1.0)
+        assert [len(g) for g in got] == [len(g.token_ids) for g in gens]
+        return max((r - torch.tensor(g)).abs().max().item() for r, g in zip(ref, got))
+
+    before = gap()
+    engine.load_state_dict(_perturbed(original, 1), version=7)
+    hf_model.load_state_dict(_perturbed(original, 1))
+    try:
+        after = gap()
+        moved = max(
+            (torch.tensor(a) - torch.tensor(b)).abs().max().item()
+            for a, b in zip(engine.score(items, temperature=1.0), [g.logprobs for g in gens])
+        )
+    finally:
+        hf_model.load_state_dict(original)
+        engine.load_state_dict(original, version=8)
+    print(f"score vs forward_response: {before:.2e} before, {after:.2e} after a reload; reload moved it by {moved:.2f}")
+    assert before < PARITY_ATOL_FP32 and after < PARITY_ATOL_FP32
+    assert moved > 10 * PARITY_ATOL_FP32  # the reload did change what is scored
+    with pytest.raises(ValueError, match="temperature 1 only"):
+        engine.score(items, temperature=0.7)
 
 
 def test_reload_is_strict(engine, hf_model):
