@@ -70,13 +70,23 @@ class RolloutWorker:
         self._lock = threading.Lock()  # guards _pending and _received
         self._received = 0  # the newest weights version received (queued or applied)
         # Only the batcher's thread touches the engine (it is not thread-safe).
-        self.batcher = TurnBatcher(
-            engine,
-            max_batch=cfg.max_batch,
-            max_tokens=cfg.max_batch_tokens,
-            apply_weights=self.apply_pending_weights,
-            wait_s=cfg.batch_wait_s,
-        )
+        if cfg.engine == "vllm" and cfg.vllm.continuous:
+            from actors.continuous_batcher import ContinuousBatcher
+
+            self.batcher = ContinuousBatcher(
+                engine,
+                max_batch=cfg.max_batch,
+                apply_weights=self.apply_pending_weights,
+                weights_pending=lambda: self._pending is not None,
+            )
+        else:
+            self.batcher = TurnBatcher(
+                engine,
+                max_batch=cfg.max_batch,
+                max_tokens=cfg.max_batch_tokens,
+                apply_weights=self.apply_pending_weights,
+                wait_s=cfg.batch_wait_s,
+            )
         from envs import env_class
 
         # Envs whose native code is not thread-safe (ALFWorld's PDDL engine) step one at a time.
@@ -156,16 +166,17 @@ class RolloutWorker:
         """The self-teacher's log-probs of (privileged prompt ids, response ids) on the weights
         this worker samples with, and their version: ``TeacherScorerWorker.score``'s contract,
         without a third copy of the policy. Between generate calls (the engine lock), after the
-        queued weights are applied; raises WeightsLost below ``min_version``."""
-        with self.batcher.engine_lock:
-            self.apply_pending_weights()
-            if self.engine.version < min_version:
-                raise WeightsLost(
-                    f"rollout worker {self.worker_id} holds weights v{self.engine.version}, v{min_version} "
-                    "were published: its process was restarted"
-                )
-            lps = self.engine.score(items, temperature=self.cfg.temperature, micro_batch_tokens=micro_batch_tokens)
-            return lps, self.engine.version
+        queued weights are applied (with continuous batching: requests beside the turns in flight,
+        ``actors/continuous_batcher.py``); raises WeightsLost below ``min_version``."""
+        lps, version = self.batcher.score(
+            items, temperature=self.cfg.temperature, micro_batch_tokens=micro_batch_tokens
+        )
+        if version < min_version:
+            raise WeightsLost(
+                f"rollout worker {self.worker_id} holds weights v{version}, v{min_version} "
+                "were published: its process was restarted"
+            )
+        return lps, version
 
     # ----- colocation -----------------------------------------------------------------------------
     def sleep(self) -> None:

@@ -97,6 +97,15 @@ class TurnBatcher:
             self._cond.notify()
         self._thread.join(timeout=30)
 
+    def score(self, items, *, temperature: float, micro_batch_tokens: int | None):
+        """The teacher's log-probs on the engine (``scorer.placement=engine``) between two
+        ``generate`` calls, after the queued weights, and the version that scored them."""
+        with self.engine_lock:
+            self.apply_weights()
+            return self.engine.score(items, temperature=temperature, micro_batch_tokens=micro_batch_tokens), (
+                self.engine.version
+            )
+
     def _take(self) -> list[Request]:
         """The oldest request and every pending one of its kind that fits the budget."""
         kind = self._queue[0].sampling

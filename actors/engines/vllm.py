@@ -157,6 +157,7 @@ class VLLMEngine(GenerationEngine):
             generation_config="vllm",
         )
         self._version = 0
+        self._streams: dict[str, int | None] = {}  # continuous requests in flight: id -> prompt length if a score
 
     def _generation_eos(self) -> Any:
         f = self._path / "generation_config.json"
@@ -199,7 +200,6 @@ class VLLMEngine(GenerationEngine):
         seed: int | None = None,
         seeds: list[int] | None = None,
     ) -> list[Generation]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if temperature < 0:
@@ -209,25 +209,83 @@ class VLLMEngine(GenerationEngine):
         self._check_prompts(prompts, max_new_tokens)
         if not prompts:
             return []
-        greedy = temperature == 0
         per_request = None if seed is None and seeds is None else request_seeds(len(prompts), seed, seeds)
         params = [
-            SamplingParams(
-                n=1,
-                max_tokens=max_new_tokens,
-                temperature=temperature,
-                top_p=1.0 if greedy else top_p,
-                seed=None if (seed is None and seeds is None) or greedy else per_request[i],
-                logprobs=0,
-                stop_token_ids=self._eos_ids,
-                ignore_eos=False,
-                detokenize=False,
-                skip_special_tokens=False,
-            )
+            self._sampling(max_new_tokens, temperature, top_p, None if per_request is None else per_request[i])
             for i in range(len(prompts))
         ]
         outs = self._llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         return [self._to_generation(o.outputs[0]) for o in outs]
+
+    def _sampling(self, max_new_tokens: int, temperature: float, top_p: float, seed: int | None):
+        from vllm import SamplingParams
+
+        greedy = temperature == 0
+        return SamplingParams(
+            n=1,
+            max_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=1.0 if greedy else top_p,
+            seed=None if seed is None or greedy else seed,
+            logprobs=0,
+            stop_token_ids=self._eos_ids,
+            ignore_eos=False,
+            detokenize=False,
+            skip_special_tokens=False,
+        )
+
+    # ------------------------------------------------------------------------------ continuous batching
+    # The engine's own request queue (``rollout.vllm.continuous``, actors/continuous_batcher.py): a
+    # request joins the running batch at the next engine step instead of waiting for a whole
+    # ``generate`` call to end. Only that batcher's thread calls these, and never beside generate.
+    can_stream = True
+
+    def add(
+        self, request_id: str, prompt: list[int], *, max_new_tokens: int, temperature: float, top_p: float, seed: int
+    ):
+        """Queue one generation; ``step`` returns its Generation when it ends."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if temperature < 0 or not 0.0 < top_p <= 1.0:
+            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature}, {top_p}")
+        self._check_prompts([prompt], max_new_tokens)
+        params = self._sampling(max_new_tokens, temperature, top_p, seed)
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        self._llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)
+        self._streams[request_id] = None
+
+    def add_score(self, request_id: str, prompt: list[int], response: list[int]) -> None:
+        """Queue one teacher score (``score``'s contract, temperature 1); ``step`` returns its log-probs."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        self._check_score_items([(prompt, response)])
+        params = self._score_params()
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        self._llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=[*prompt, *response]), params)
+        self._streams[request_id] = len(prompt)
+
+    def step(self) -> list[tuple[str, Any]]:
+        """One engine step; the requests that ended in it: (id, Generation) or (id, log-probs)."""
+        done = []
+        for out in self._llm.llm_engine.step():
+            if not out.finished or out.request_id not in self._streams:
+                continue
+            n_prompt = self._streams.pop(out.request_id)
+            if n_prompt is None:
+                done.append((out.request_id, self._to_generation(out.outputs[0])))
+            else:
+                ids = out.prompt_token_ids[n_prompt:]
+                done.append(
+                    (out.request_id, [float(st[t].logprob) for t, st in zip(ids, out.prompt_logprobs[n_prompt:])])
+                )
+        return done
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._llm.llm_engine.abort_request(list(request_ids))
+        for r in request_ids:
+            self._streams.pop(r, None)
 
     def _to_generation(self, c: Any) -> Generation:
         ids = list(c.token_ids)
@@ -250,10 +308,9 @@ class VLLMEngine(GenerationEngine):
         samples with (``scorer.placement=engine``): one prefill per item with ``prompt_logprobs``,
         one token generated and dropped. vLLM computes prompt log-probs from the raw logits (they
         skip the sampler, so no temperature), hence ``temperature`` must be 1 (checked at launch:
-        ``check_config``). Requests asking for prompt log-probs never read the prefix cache
+        ``pipeline/core/config.py``). Requests asking for prompt log-probs never read the prefix cache
         (vLLM's rule), so no KV block from older weights enters a score. ``micro_batch_tokens``
         is the HF engine's knob; vLLM's scheduler batches by its own token budget."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if abs(temperature - 1.0) > 1e-9:
@@ -263,15 +320,8 @@ class VLLMEngine(GenerationEngine):
             )
         if not items:
             return []
-        for i, (prompt, response) in enumerate(items):
-            if not prompt or not response:
-                raise ValueError(f"score item {i}: empty prompt or response")
-            if len(prompt) + len(response) + 1 > self._max_model_len:
-                raise ValueError(
-                    f"score item {i}: {len(prompt)} + {len(response)} tokens exceed max_model_len="
-                    f"{self._max_model_len}; raise rollout.vllm.max_model_len"
-                )
-        params = SamplingParams(n=1, max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        self._check_score_items(items)
+        params = self._score_params()
         requests = [TokensPrompt(prompt_token_ids=[*p, *r]) for p, r in items]
         outs = self._llm.generate(requests, params, use_tqdm=False)
         lps = []
@@ -280,6 +330,23 @@ class VLLMEngine(GenerationEngine):
             tail = plp[len(prompt) :]
             lps.append([float(step[tok].logprob) for tok, step in zip(response, tail)])
         return lps
+
+    def _check_score_items(self, items) -> None:
+        for i, (prompt, response) in enumerate(items):
+            if not prompt or not response:
+                raise ValueError(f"score item {i}: empty prompt or response")
+            if len(prompt) + len(response) + 1 > self._max_model_len:
+                raise ValueError(
+                    f"score item {i}: {len(prompt)} + {len(response)} tokens exceed max_model_len="
+                    f"{self._max_model_len}; raise rollout.vllm.max_model_len"
+                )
+
+    @staticmethod
+    def _score_params():
+        from vllm import SamplingParams
+
+        # one token is generated (vLLM needs one) and dropped; the prompt's log-probs are the score
+        return SamplingParams(n=1, max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
 
     # ------------------------------------------------------------------------------ weights
     def _check_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:

@@ -40,6 +40,9 @@ class VLLMConfig:
     enable_sleep_mode: bool = False  # free the KV cache while the colocated learner trains (CUDA)
     in_process: bool = True  # engine core in the actor's process (TP=1); False = vLLM's own processes
     kv_cache_gb: float = 2.0  # CPU backend only: VLLM_CPU_KVCACHE_SPACE
+    # Continuous batching (actors/continuous_batcher.py): each turn joins the running batch at the
+    # engine's next step; false = one generate call at a time (actors/turn_batcher.py).
+    continuous: bool = False
 
 
 @dataclass

@@ -53,12 +53,14 @@ def test_vllm_rollouts_train_and_match_the_learner(ray_local, tmp_path, tiny_mod
         assert h["rollout/response_tokens"] > 0
 
 
+@pytest.mark.parametrize("continuous", [False, True])
 def test_sdar_scored_by_the_vllm_engine_needs_no_scorer_actor_and_matches_the_actor_route(
-    ray_local, tmp_path, tiny_model_dir
+    ray_local, tmp_path, tiny_model_dir, continuous
 ):
     """scorer.placement=engine with rollout.engine=vllm: the rollout worker's vLLM engine scores
-    the self-teacher with prompt_logprobs; the same seeded fp32 run with the scorer actor (an HF
-    forward) gives the same episodes and the same teacher gaps within the engines' parity."""
+    the self-teacher with prompt_logprobs (with continuous batching: score requests in the same
+    queue as the turns); the same seeded fp32 run with the scorer actor (an HF forward) gives the
+    same episodes and the same teacher gaps within the engines' parity."""
     import json
 
     base = [
@@ -68,6 +70,7 @@ def test_sdar_scored_by_the_vllm_engine_needs_no_scorer_actor_and_matches_the_ac
         "rollout.temperature=1.0",
         "rollout.precision=fp32",
         "rollout.vllm.kv_cache_gb=1",
+        f"rollout.vllm.continuous={str(continuous).lower()}",
         "learner.precision=fp32",
         "scorer.precision=fp32",
         "method=sdar",
