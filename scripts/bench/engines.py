@@ -4,8 +4,11 @@
                                                    [--batch 8 32] [--new-tokens 64] [--reps 3]
 
 Prints one JSON object: per engine and batch size, generated tokens/s (median over ``--reps``
-timed calls after one warm-up call), the seconds of one in-place weight reload, and the ratio
-vllm/hf per batch size. Runs only where vLLM is installed (.venv-vllm on CPU: ``make setup-vllm``).
+timed calls after one warm-up call); scored response tokens/s of ``score`` (the teacher's
+forward on the engine, ``scorer.placement=engine``, at temperature 1) on the same sampled rows
+for both engines, and the log-prob gap between the two; the seconds of one in-place weight
+reload; and the ratios vllm/hf. ``--out DIR`` stores a result folder.
+Runs only where vLLM is installed (.venv-vllm on CPU: ``make setup-vllm``).
 Timings on a shared 2-core machine are noisy: run it alone.
 """
 
@@ -13,14 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
-from pipeline.models import resolve_model
+from pipeline.models import resolve_model  # noqa: E402
 
 
 def _prompts(tok, n: int) -> list[list[int]]:
@@ -49,6 +54,18 @@ def _throughput(engine, prompts, new_tokens: int, reps: int) -> float:
     return statistics.median(rates)
 
 
+def _scoring(engine, items, reps: int) -> tuple[float, list[list[float]]]:
+    """Scored response tokens/s of ``engine.score`` (the teacher's forward on the engine,
+    ``scorer.placement=engine``) at temperature 1, and the log-probs of the last call."""
+    engine.score(items, temperature=1.0, micro_batch_tokens=None)  # warm-up
+    rates, lps = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        lps = engine.score(items, temperature=1.0, micro_batch_tokens=None)
+        rates.append(sum(len(r) for _, r in items) / (time.perf_counter() - t0))
+    return statistics.median(rates), lps
+
+
 def _reload_seconds(engine, state_dict) -> float:
     t0 = time.perf_counter()
     engine.load_state_dict(state_dict, version=engine.version + 1)
@@ -62,20 +79,26 @@ def main() -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", help="a result folder (results.json, table.md, meta.json, command.txt)")
     args = ap.parse_args()
+    command = shlex.join([sys.executable, *sys.argv])
 
     from actors.engines.hf import HFEngine
     from actors.engines.vllm import VLLMEngine
-
-    path = resolve_model(args.model)
     from pipeline.core.hardware import choose_precision
+    from pipeline.models import load_model
+    from pipeline.tools.results import git_commit
 
+    git = git_commit(ROOT)  # the code measured, read before it runs
+    path = resolve_model(args.model)
     dtype = choose_precision(args.precision).dtype
-    result: dict = {"model": args.model, "dtype": dtype, "new_tokens": args.new_tokens}
+    result: dict = {"command": command, "model": args.model, "dtype": dtype, "new_tokens": args.new_tokens}
     engines = {
         "hf": lambda: HFEngine.from_pretrained(path, dtype=dtype),
         "vllm": lambda: VLLMEngine(path, dtype=dtype, max_model_len=1024, kv_cache_gb=2),
     }
+    scored: dict[str, list[list[float]]] = {}
+    items: list = []
     for name, build in engines.items():
         t0 = time.perf_counter()
         engine = build()
@@ -84,8 +107,13 @@ def main() -> int:
             row[f"tok_per_s_b{b}"] = round(
                 _throughput(engine, _prompts(engine.tokenizer, b), args.new_tokens, args.reps), 1
             )
-        from pipeline.models import load_model
-
+        if not items:  # the same (prompt, response) pairs for both engines: sampled by the first
+            b = max(args.batch)
+            prompts = _prompts(engine.tokenizer, b)
+            gens = engine.generate(prompts, max_new_tokens=args.new_tokens, temperature=1.0, seed=99)
+            items = [(p, g.token_ids) for p, g in zip(prompts, gens)]
+        rate, scored[name] = _scoring(engine, items, args.reps)
+        row[f"score_tok_per_s_b{len(items)}"] = round(rate, 1)
         sd = load_model(path, "float32").state_dict()
         row["reload_s"] = round(_reload_seconds(engine, sd), 3)
         result[name] = row
@@ -93,7 +121,32 @@ def main() -> int:
     result["vllm_over_hf"] = {
         f"b{b}": round(result["vllm"][f"tok_per_s_b{b}"] / result["hf"][f"tok_per_s_b{b}"], 2) for b in args.batch
     }
+    key = f"score_tok_per_s_b{len(items)}"
+    result["vllm_over_hf"]["score"] = round(result["vllm"][key] / result["hf"][key], 2)
+    gaps = [abs(a - b) for x, y in zip(scored["hf"], scored["vllm"]) for a, b in zip(x, y)]
+    result["score_gap_hf_vllm"] = {"mean": statistics.fmean(gaps), "max": max(gaps), "tokens": len(gaps)}
     print(json.dumps(result, indent=1))
+    if args.out:
+        from pipeline.tools.results import write_benchmark
+
+        rows, big = [], f"tok_per_s_b{max(args.batch)}"
+        for name in engines:
+            r = result[name]
+            rows.append(
+                {
+                    "engine": name,
+                    "precision": dtype,
+                    **{f"generate tokens/s, batch {b}": r[f"tok_per_s_b{b}"] for b in args.batch},
+                    f"score tokens/s, {len(items)} rows": r[key],
+                    "weight reload s": r["reload_s"],
+                    "start s": r["init_s"],
+                    "vs hf, largest batch": f"{r[big] / result['hf'][big]:.2f}x",
+                    "vs hf, score": f"{r[key] / result['hf'][key]:.2f}x",
+                }
+            )
+        workload = [f"model={args.model}", f"new_tokens={args.new_tokens}", f"batch={args.batch}", f"reps={args.reps}"]
+        write_benchmark(Path(args.out), ROOT, result, rows, git, workload)
+        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
     return 0
 
 

@@ -10,7 +10,7 @@ does: object store = the learner copies the state dict and packs it (checksum), 
 the packet and ``verify`` it; collective = ``broadcast_state_dict`` / ``receive_state_dict``
 (fresh dict, trailer check). Times are end to end from the driver (median of ``--repeats``, after
 one warm-up). Prints a table and one JSON object; ratio = object store seconds / collective
-seconds. Timings on a shared 2-core machine are noisy: run it alone.
+seconds. ``--out DIR`` stores a result folder. Timings on a shared 2-core machine are noisy: run it alone.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -128,7 +129,13 @@ def main() -> None:
     ap.add_argument("--receivers", type=int, default=2)
     ap.add_argument("--buckets-mb", default="1,16,64,256,1024")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", help="a result folder (results.json, table.md, meta.json, command.txt)")
     args = ap.parse_args()
+    command = shlex.join([sys.executable, *sys.argv])
+    sys.path.insert(0, ROOT)
+    from pipeline.tools.results import git_commit
+
+    git = git_commit(Path(ROOT))  # the code measured, read before it runs
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     ray.init(
@@ -195,6 +202,35 @@ def main() -> None:
             f"object store / this = {r['object_store_over_collective']:.2f}x"
         )
     print(json.dumps(out, default=float))
+    if args.out:
+        from pipeline.tools.results import write_benchmark
+
+        rows = [
+            {
+                "route": "object store",
+                "buckets": "",
+                "seconds": f"{out['object_store_s']:.3f}",
+                "vs object store": "1.00x",
+            }
+        ]
+        rows += [
+            {
+                "route": f"gloo broadcast, {mb} MiB buckets",
+                "buckets": r["buckets"],
+                "seconds": f"{r['seconds']:.3f}",
+                "vs object store": f"{r['object_store_over_collective']:.2f}x",
+            }
+            for mb, r in out["collective"].items()
+        ]
+        report = {"command": command, **json.loads(json.dumps(out, default=float))}
+        workload = [
+            f"model={args.model}",
+            f"dtype={args.dtype}",
+            f"receivers={args.receivers}",
+            f"repeats={args.repeats}",
+        ]
+        write_benchmark(Path(args.out), Path(ROOT), report, rows, git, workload)
+        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
 
 
 if __name__ == "__main__":
