@@ -3,7 +3,8 @@
     python scripts/bench/rollout.py                       # the default ALFWorld recipe (SmolLM2, G=4)
     python scripts/bench/rollout.py --model tiny --env keyword --group-size 8 --groups 16 \\
         --in-flight 1 2 4 8 16                           # the GPU-shaped workload, on CPU
-    [--engine hf vllm] [--max-turns N] [--max-new-tokens 48] [--temperature 0.7] [--precision auto] [--out DIR]
+    [--engine hf vllm vllm_continuous] [--max-turns N] [--max-new-tokens 48] [--temperature 0.7]
+    [--precision auto] [--out DIR]
 
 The worker is the plain ``RolloutWorker`` (no Ray, no learner: rollout alone), with the engine and
 env of a real run; ``--in-flight k`` plays ``--groups`` groups (task seeds 0..groups-1, the same at
@@ -36,7 +37,12 @@ def measure(args, engine: str) -> dict:
     from pipeline.models import resolve_model
     from pipeline.tools.cli import compose
 
-    base = compose([f"model={args.model}", f"env={args.env}", f"rollout={engine}"])
+    # vllm_continuous: the vLLM engine's own request queue (actors/continuous_batcher.py)
+    over = [
+        f"rollout={engine.split('_')[0]}",
+        *(["rollout.vllm.continuous=true"] if engine == "vllm_continuous" else []),
+    ]
+    base = compose([f"model={args.model}", f"env={args.env}", *over])
     rcfg = dataclasses.replace(
         base.rollout, max_new_tokens=args.max_new_tokens, group_size=args.group_size, precision=args.precision
     )
@@ -95,11 +101,21 @@ def table(report: dict) -> list[dict]:
                 "groups in flight": k,
                 "tokens / s": f"{r['tokens_per_s']:.1f}",
                 "episodes / s": f"{r['episodes_per_s']:.2f}",
+                # continuous: sequences in flight per engine step
                 "sequences / generate call": f"{r['sequences_per_call']:.1f}",
                 "vs 1 in flight": f"{res['ratio_to_first'][k]:.2f}x",
             }
-            if hf is not None and name != "hf" and k in hf["runs"]:
-                row["vs hf, same k"] = f"{r['tokens_per_s'] / hf['runs'][k]['tokens_per_s']:.2f}x"
+            batched = engines.get("vllm")
+            row["vs hf, same k"] = (
+                f"{r['tokens_per_s'] / hf['runs'][k]['tokens_per_s']:.2f}x"
+                if hf is not None and k in hf["runs"]
+                else ""
+            )
+            row["vs vllm batcher, same k"] = (
+                f"{r['tokens_per_s'] / batched['runs'][k]['tokens_per_s']:.2f}x"
+                if name.startswith("vllm") and batched is not None and k in batched["runs"]
+                else ""
+            )
             rows.append(row)
     return rows
 
@@ -109,7 +125,11 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2_135m")
     ap.add_argument("--env", default="alfworld")
     ap.add_argument(
-        "--engine", nargs="+", default=["hf"], choices=["hf", "vllm"], help="vllm: run with .venv-vllm/bin/python"
+        "--engine",
+        nargs="+",
+        default=["hf"],
+        choices=["hf", "vllm", "vllm_continuous"],
+        help="vllm*: run with .venv-vllm/bin/python; vllm_continuous = rollout.vllm.continuous=true",
     )
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--groups", type=int, default=4)
