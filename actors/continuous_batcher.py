@@ -116,6 +116,12 @@ class ContinuousBatcher:
             return self.score(items, temperature=temperature)
         return [lp for lp, _ in results], versions.pop() if versions else self.engine.version
 
+    def score_on_support(self, items, plain, k: int, *, temperature: float, micro_batch_tokens=None):
+        raise NotImplementedError(
+            "vLLM's prompt log-probs are the teacher's own top-k, not given ids: method.estimator=topk_rkl "
+            "needs the HF engine (refused at launch)"
+        )
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

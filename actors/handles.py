@@ -155,6 +155,14 @@ class RayRollout(Restartable):
         """The self-teacher's forward on this worker's engine (scorer.placement=engine)."""
         return await self._call_within(timeout_s, "scorer.timeout_s", "score", items, min_version, micro_batch_tokens)
 
+    async def score_on_support(
+        self, items, plain, k: int, min_version: int, micro_batch_tokens, timeout_s: float = 0.0
+    ):
+        """The self-teacher on the student's support, on this worker's engine (estimator topk_rkl)."""
+        return await self._call_within(
+            timeout_s, "scorer.timeout_s", "score_on_support", items, plain, k, min_version, micro_batch_tokens
+        )
+
     async def sleep(self) -> None:
         await self.actor.sleep.remote()
 

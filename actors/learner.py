@@ -31,6 +31,7 @@ from actors.learner_weights import WeightSource
 from pipeline.algorithm.logprobs import forward_response
 from pipeline.algorithm.losses import (
     AUX_NEEDS_LOGITS,
+    AUX_NEEDS_TEACHER_FORWARD,
     LossInputs,
     aux_loss,
     entropy_bonus,
@@ -198,6 +199,7 @@ class LearnerWorker(WeightSource):
         n_policy = (counts[2] + counts[1]) / self.world_size
         kept = (counts[2] / (counts[2] + counts[1])).clamp_min(1e-12)  # the entropy metric: over the kept tokens
         needs_logits = any(t.kind in AUX_NEEDS_LOGITS for t in batch.aux_terms)
+        needs_teacher = any(t.kind in AUX_NEEDS_TEACHER_FORWARD for t in batch.aux_terms)
         parts: dict[str, list[Metrics]] = defaultdict(list)  # metric prefix -> per-micro-batch metrics
         row, nonfinite = 0, 0
         mbs, n_real = self._micro_batches(batch)
@@ -262,7 +264,9 @@ class LearnerWorker(WeightSource):
                 teacher_logprobs=mb.aux.get("teacher_logprobs"),
                 distill_mask=mb.aux.get("distill_mask"),
                 student_logits=fw.logits,
-                teacher_logits=self._teacher_logits(mb) if needs_logits else None,
+                teacher_logits=self._teacher_logits(mb) if needs_teacher else None,
+                topk_ids=mb.aux.get("topk_ids"),
+                topk_teacher_logprobs=mb.aux.get("topk_teacher_logprobs"),
             )
             for term in batch.aux_terms:
                 term_loss, am = aux_loss(inputs, term)

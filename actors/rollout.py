@@ -178,6 +178,21 @@ class RolloutWorker:
             )
         return lps, version
 
+    def score_on_support(
+        self, items, plain, k: int, min_version: int = 0, micro_batch_tokens: int | None = None
+    ) -> tuple:
+        """``score``'s contract for estimator ``topk_rkl`` (``pipeline.algorithm.logprobs.score_on_support``):
+        (teacher lps, student lps, top-k ids, teacher lps at them, version)."""
+        *out, version = self.batcher.score_on_support(
+            items, plain, k, temperature=self.cfg.temperature, micro_batch_tokens=micro_batch_tokens
+        )
+        if version < min_version:
+            raise WeightsLost(
+                f"rollout worker {self.worker_id} holds weights v{version}, v{min_version} "
+                "were published: its process was restarted"
+            )
+        return (*out, version)
+
     # ----- colocation -----------------------------------------------------------------------------
     def sleep(self) -> None:
         """Free the engine's GPU memory while a colocated learner trains (no-op for HF / CPU)."""

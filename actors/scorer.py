@@ -140,6 +140,22 @@ class TeacherScorerWorker:
         )
         return lps, self.version
 
+    def score_on_support(self, items, plain, k: int, min_version: int = 0) -> tuple:
+        """Estimator ``topk_rkl`` (HF forward only): see ``pipeline.algorithm.logprobs.score_on_support``."""
+        if self.version < min_version:
+            raise WeightsLost(
+                f"the teacher scorer holds weights v{self.version}, v{min_version} "
+                f"were published: its process was restarted"
+            )
+        if self.engine is not None:
+            raise NotImplementedError("scorer.engine=vllm cannot score at given token ids (method.estimator=topk_rkl)")
+        from pipeline.algorithm.logprobs import score_on_support
+
+        out = score_on_support(
+            self.model, items, plain, k, temperature=self.temperature, micro_batch_tokens=self.micro_batch_tokens
+        )
+        return (*out, self.version)
+
 
 class TeacherScorer(Restartable):
     """Driver-side handle: which rows, which prompts, and where their forward runs: ``actor``, a
@@ -210,14 +226,30 @@ class TeacherScorer(Restartable):
         route. A death raises ``ActorDied`` naming the actor that died."""
         t0 = time.time()
         rows, items = self._items(groups)
-        plain = [(row.prompt_ids, row.response_ids) for row in rows] if self.noise_floor else []
         floor = min_version if self.self_teacher else 0
-        if self.on_engine:
-            if engine is None:
-                raise ValueError("scorer.placement=engine: score() needs the rollout worker whose engine scores")
-            lps, version = await engine.score(items + plain, floor, self.micro_batch_tokens, self.timeout_s)
+        if self.on_engine and engine is None:
+            raise ValueError("scorer.placement=engine: score() needs the rollout worker whose engine scores")
+        if self.spec.support_k:  # topk_rkl: the student's forward gives the support (and the floor)
+            plain = [(row.prompt_ids, row.response_ids) for row in rows]
+            k, mbt = self.spec.support_k, self.micro_batch_tokens
+            if self.on_engine:
+                out = await engine.score_on_support(items, plain, k, floor, mbt, self.timeout_s)
+            else:
+                out = await self._call_within(
+                    self.timeout_s, "scorer.timeout_s", "score_on_support", items, plain, k, floor
+                )
+            lpt, lps_plain, ids, at_ids, version = out
+            lps = lpt + (lps_plain if self.noise_floor else [])
+            for row, i, t in zip(rows, ids, at_ids):
+                row.teacher_topk_ids, row.teacher_topk_logprobs = i, t
         else:
-            lps, version = await self._call_within(self.timeout_s, "scorer.timeout_s", "score", items + plain, floor)
+            plain = [(row.prompt_ids, row.response_ids) for row in rows] if self.noise_floor else []
+            if self.on_engine:
+                lps, version = await engine.score(items + plain, floor, self.micro_batch_tokens, self.timeout_s)
+            else:
+                lps, version = await self._call_within(
+                    self.timeout_s, "scorer.timeout_s", "score", items + plain, floor
+                )
         for row, lp in zip(rows, lps):
             row.teacher_logprobs, row.teacher_version = lp, version
         for row, lp in zip(rows, lps[len(rows) :]):  # one forward call: the same weights version

@@ -106,6 +106,15 @@ class TurnBatcher:
                 self.engine.version
             )
 
+    def score_on_support(self, items, plain, k: int, *, temperature: float, micro_batch_tokens: int | None):
+        """``engine.score_on_support`` between two ``generate`` calls; returns its 4 lists and the version."""
+        with self.engine_lock:
+            self.apply_weights()
+            out = self.engine.score_on_support(
+                items, plain, k, temperature=temperature, micro_batch_tokens=micro_batch_tokens
+            )
+            return (*out, self.engine.version)
+
     def _take(self) -> list[Request]:
         """The oldest request and every pending one of its kind that fits the budget."""
         kind = self._queue[0].sampling

@@ -102,3 +102,11 @@ class GenerationEngine(abc.ABC):
         """Per-token log-probs of each (prompt ids, response ids) under the live weights, at
         ``temperature`` (what ``pipeline.algorithm.logprobs.score_responses`` computes)."""
         raise NotImplementedError(f"{type(self).__name__} cannot score prompts (scorer.placement=engine)")
+
+    def score_on_support(self, items, plain, k: int, *, temperature: float, micro_batch_tokens: int | None):
+        """``pipeline.algorithm.logprobs.score_on_support`` on the live weights (estimator
+        ``topk_rkl``): the teacher's log-probs at the student's top-k ids, which the engine must
+        be able to gather at any token id."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot score at given token ids (method.estimator=topk_rkl): use the HF engine"
+        )

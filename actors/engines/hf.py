@@ -157,6 +157,13 @@ class HFEngine(GenerationEngine):
 
         return score_responses(self._model, items, temperature=temperature, micro_batch_tokens=micro_batch_tokens)
 
+    def score_on_support(self, items, plain, k, *, temperature, micro_batch_tokens):
+        from pipeline.algorithm.logprobs import score_on_support
+
+        return score_on_support(
+            self._model, items, plain, k, temperature=temperature, micro_batch_tokens=micro_batch_tokens
+        )
+
     # ------------------------------------------------------------------------------ generation
 
     def _check_prompts(self, prompts: list[list[int]], max_new_tokens: int) -> None:

@@ -190,6 +190,66 @@ def score_responses(
     return out
 
 
+def _row_logsoftmax(model: nn.Module, items, *, temperature: float, micro_batch_tokens: int | None):
+    """Per item, the temperature-scaled log-softmax ``[n_response, V]`` at its response
+    positions, one item at a time out of each micro-batch's forward (no grad, CPU float32)."""
+    from pipeline.core.microbatch import split_by_tokens
+
+    device = next(model.parameters()).device
+    batch = _padded(items)
+    for mb in split_by_tokens(batch, micro_batch_tokens) if micro_batch_tokens else [batch]:
+        fw = forward_response(
+            model,
+            mb.input_ids.to(device),
+            mb.attention_mask.to(device),
+            mb.response_mask.to(device),
+            temperature=temperature,
+            with_entropy=False,
+            with_logits=True,
+        )
+        counts = mb.response_mask.sum(1).long().tolist()
+        for chunk in torch.split(torch.log_softmax(fw.logits, dim=-1).cpu(), counts):
+            yield chunk
+
+
+@torch.no_grad()
+def score_on_support(
+    model: nn.Module,
+    items: list[tuple[list[int], list[int]]],
+    plain: list[tuple[list[int], list[int]]],
+    k: int,
+    *,
+    temperature: float,
+    micro_batch_tokens: int | None = None,
+) -> tuple[list[list[float]], list[list[float]], list[list[list[int]]], list[list[list[float]]]]:
+    """The teacher on the student's support (estimator ``topk_rkl``). ``items[i]`` is (privileged
+    prompt, response) and ``plain[i]`` the same response after the student's own prompt. On one set
+    of weights (a self-teacher: the policy's), the plain forward is the student; its top-``k``
+    token ids at each response position are the support S_t, and the privileged forward gives
+    the teacher's log-probs there. Returns, per item: the teacher's log-prob of each sampled
+    token, the student's (the noise floor), ``ids`` ``[n][k]`` and the teacher's log-probs at
+    them ``[n][k]``, all at ``temperature``."""
+    if len(items) != len(plain):
+        raise ValueError(f"{len(items)} privileged items for {len(plain)} plain ones")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if not items:
+        return [], [], [], []
+    student_lp, ids = [], []
+    for (_, resp), lsm in zip(
+        plain, _row_logsoftmax(model, plain, temperature=temperature, micro_batch_tokens=micro_batch_tokens)
+    ):
+        student_lp.append(lsm.gather(-1, torch.tensor(resp).unsqueeze(-1)).squeeze(-1).tolist())
+        ids.append(lsm.topk(min(k, lsm.shape[-1]), dim=-1).indices)  # [n, k]
+    teacher_lp, at_ids = [], []
+    for (_, resp), sup, lsm in zip(
+        items, ids, _row_logsoftmax(model, items, temperature=temperature, micro_batch_tokens=micro_batch_tokens)
+    ):
+        teacher_lp.append(lsm.gather(-1, torch.tensor(resp).unsqueeze(-1)).squeeze(-1).tolist())
+        at_ids.append(lsm.gather(-1, sup).tolist())
+    return teacher_lp, student_lp, [x.tolist() for x in ids], at_ids
+
+
 def response_logprobs(
     model: nn.Module, prompts: list[list[int]], responses: list[list[int]], *, temperature: float = 1.0
 ) -> list[torch.Tensor]:

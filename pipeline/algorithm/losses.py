@@ -18,8 +18,8 @@ carry no prefix: the learner adds ``policy/`` or the ``AuxTerm.name`` (``sdar/``
 
 Aux losses take one typed record, ``LossInputs`` (the sampled ones also SDAR's gate sharpness,
 ``AuxTerm.gate_beta``), and are looked up by ``AuxTerm.kind`` in ``AUX_LOSSES`` (``aux_loss``);
-the kinds in ``AUX_NEEDS_LOGITS`` need the learner to fill the student and teacher logits (see
-``full_kl``). Nothing here runs a model, touches Ray, or knows which method asked for a term.
+the kinds in ``AUX_NEEDS_LOGITS`` need the learner to fill the student's logits, those in
+``AUX_NEEDS_TEACHER_FORWARD`` also the teacher's (see ``full_kl``, ``topk_rkl``). Nothing here runs a model, touches Ray, or knows which method asked for a term.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ from torch import Tensor
 from pipeline.algorithm.metrics import Metrics, Reduce, Stat, maximum, mean, minimum
 from pipeline.core.types import GATED_AUX_KINDS, AuxTerm
 
-# Aux kinds whose learner must supply student and teacher logits (the teacher forward runs there).
-AUX_NEEDS_LOGITS = frozenset({"full_kl"})
+# Aux kinds whose learner must supply the student's logits, and those that also need the
+# teacher's (its forward runs in the learner).
+AUX_NEEDS_LOGITS = frozenset({"full_kl", "topk_rkl"})
+AUX_NEEDS_TEACHER_FORWARD = frozenset({"full_kl"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,8 @@ class LossInputs:
     distill_mask: Tensor | None = None  # [B, T] the tokens the term touches (None: every response token)
     student_logits: Tensor | None = None  # [N_resp, V] temperature-scaled (AUX_NEEDS_LOGITS)
     teacher_logits: Tensor | None = None  # [N_resp, V] the learner-side teacher's, no grad
+    topk_ids: Tensor | None = None  # [B, T, k] the student's support at each position (topk_rkl)
+    topk_teacher_logprobs: Tensor | None = None  # [B, T, k] the scorer's lpT at those ids
 
     @property
     def selected(self) -> Tensor:
@@ -357,6 +361,50 @@ def full_kl(x: LossInputs) -> tuple[Tensor, Metrics]:
     return loss, metrics
 
 
+def topk_rkl(x: LossInputs) -> tuple[Tensor, Metrics]:
+    """The reverse KL on the student's support (estimator ``topk_rkl``)::
+
+        L = (1 / N_all) * sum_t distill_mask_t * sum_{v in S_t} p_t(v) (log p_t(v) - lpT_t(v))
+
+    with ``p = softmax(student_logits)`` (gradient through both p and log p), S_t the student's
+    top-k token ids at position t when the scorer ran (``topk_ids``), and ``lpT`` the teacher's
+    log-probs there (``topk_teacher_logprobs``, from the scorer: no teacher forward here). It is
+    ``full_kl``'s sum cut to S_t, not renormalised: with S_t = the vocabulary it is ``full_kl``
+    exactly; what it leaves out is the student's mass outside S_t times its log-ratio there
+    (``support_mass`` logs the mass kept; the bias is measured by ``scripts/bench/topk_kl.py``).
+    Rows and order as ``full_kl``: ``student_logits`` ``[N_resp, V]`` in row-major order of the
+    response positions of ``mask``."""
+    if x.student_logits is None or x.topk_ids is None or x.topk_teacher_logprobs is None:
+        raise ValueError("topk_rkl needs student_logits [N_resp, V], topk_ids and topk_teacher_logprobs [B, T, k]")
+    response = x.mask > 0
+    weight = x.selected[response]  # [N_resp]
+    ids = x.topk_ids[response].long()  # [N_resp, k]
+    if ids.shape[0] != x.student_logits.shape[0]:
+        raise ValueError(f"topk_rkl: {x.student_logits.shape[0]} logits rows for {ids.shape[0]} response tokens")
+    dtype = torch.promote_types(x.student_logits.dtype, torch.float32)  # bf16 logits: softmax in fp32
+    lpt = x.topk_teacher_logprobs[response].detach().to(dtype)  # [N_resp, k]
+    log_p = torch.log_softmax(x.student_logits.to(dtype), dim=-1).gather(-1, ids)  # [N_resp, k]
+    p = log_p.exp()
+    kl_per_token = (p * (log_p - lpt)).sum(-1)  # [N_resp]
+    denom = _denominator(x.n_tokens_total)
+    loss = torch.where(weight > 0, weight * kl_per_token, 0.0).sum() / denom
+    with torch.no_grad():
+        sel = weight > 0
+        kept = p.sum(-1)
+        metrics = {
+            "loss": mean(loss),
+            "kl": mean(loss),
+            "selected_fraction": mean(weight.sum() / denom),
+            # the student's mass on its support at the selected tokens, averaged like the loss
+            "support_mass": mean(torch.where(sel, kept, 0.0).sum() / denom),
+        }
+        if x.teacher_logprobs is not None:  # as full_kl's: the sampled token's teacher log-prob
+            metrics["alignment"] = mean(
+                token_mean(x.proximal_logprobs.detach() - x.teacher(), x.selected, x.n_tokens_total)
+            )
+    return loss, metrics
+
+
 def nll(x: LossInputs) -> tuple[Tensor, Metrics]:
     """Behaviour cloning: ``token_mean(-log pi(y_t))`` over the selected response tokens (the
     warm start's expert rows, ``pipeline/warm_start``). ``loss`` sums over the micro-batches: on
@@ -375,6 +423,7 @@ AUX_LOSSES: dict[str, AuxLoss] = {
     "sampled_surrogate": gated_surrogate,
     "k3_is": k3_is,
     "full_kl": full_kl,
+    "topk_rkl": topk_rkl,
     "nll": nll,
 }
 

@@ -37,6 +37,9 @@ class TeacherSpec:
     selects: Callable[[Episode, TurnRecord], bool]  # rows to score
     rows: str = "all"  # the select part's kind: "all" | "failed_turns"
     frozen_path: str | None = None  # HF dir of the frozen teacher (source == "frozen")
+    # > 0 (estimator topk_rkl): also score the teacher at the student's top-k token ids of each
+    # response position (the student's support), taken from the same weights on the plain prompt
+    support_k: int = 0
 
     @property
     def context(self) -> str:

@@ -92,6 +92,10 @@ class TurnRecord:
     # [n_response] the same teacher with empty privileged context (the student's own prompt): the
     # noise floor of teacher_logprobs (scorer.noise_floor)
     plain_teacher_logprobs: list[float] | None = None
+    # [n_response][k] the student's top-k token ids at each position and the teacher's log-probs
+    # there (estimator topk_rkl, TeacherSpec.support_k)
+    teacher_topk_ids: list[list[int]] | None = None
+    teacher_topk_logprobs: list[list[float]] | None = None
 
     @property
     def n_response(self) -> int:
@@ -159,7 +163,7 @@ class EpisodeGroup:
 
 # The auxiliary losses the learner knows (``pipeline.algorithm.losses.AUX_LOSSES``), named as a
 # signal's estimator names them; the two sampled ones may be weighed by SDAR's gate.
-AUX_KINDS = ("sampled_surrogate", "k3_is", "full_kl", "nll")
+AUX_KINDS = ("sampled_surrogate", "k3_is", "full_kl", "topk_rkl", "nll")
 GATED_AUX_KINDS = ("sampled_surrogate", "k3_is")
 
 

@@ -89,6 +89,26 @@ class CreditJob:
             masks.append(select.token_mask(e, row) if lpt is not None else [0.0] * row.n_response)
         return teacher, (masks if select.masks else None)
 
+    def teacher_support(self, k: int) -> tuple[list[list[list[float]]], list[list[list[float]]]]:
+        """The student's top-k ids ``[B][n_response][k]`` and the teacher's log-probs there (rows
+        the scorer did not score: zeros, and the select part's mask leaves them out)."""
+        ids, lpt = [], []
+        for i, (_, row) in enumerate(self.pairs):
+            if row.teacher_topk_ids is None:
+                if row.teacher_logprobs is not None:
+                    raise ValueError(
+                        f"method={self.method_name}: row {i} was scored without the student's support "
+                        "(estimator topk_rkl needs TeacherSpec.support_k)"
+                    )
+                ids.append([[0.0] * k for _ in range(row.n_response)])
+                lpt.append([[0.0] * k for _ in range(row.n_response)])
+                continue
+            if len(row.teacher_topk_ids) != row.n_response or any(len(x) != k for x in row.teacher_topk_ids):
+                raise ValueError(f"method={self.method_name}: row {i}'s support is not [{row.n_response}][{k}]")
+            ids.append([[float(v) for v in x] for x in row.teacher_topk_ids])
+            lpt.append([[float(v) for v in x] for x in row.teacher_topk_logprobs])
+        return ids, lpt
+
     def teacher_prompts(self) -> list[list[int]]:
         """Learner-side teacher prompts: the privileged prompt of each selected row, the plain
         prompt elsewhere."""
@@ -158,6 +178,7 @@ class Method:
             selects=self.select.selected,
             rows=self.select.kind,
             frozen_path=t.path,
+            support_k=self.signal.support_k,
         )
 
     def teacher_active(self, step: int) -> bool:

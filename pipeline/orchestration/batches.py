@@ -26,11 +26,14 @@ def _pad(seqs: list[list], value, dtype) -> torch.Tensor:
     return out
 
 
-def _place(rows_prompt_len: list[int], values: list[list[float]], width: int) -> torch.Tensor:
-    """Per-response-token values -> [B, width] at the response positions."""
-    out = torch.zeros(len(values), width, dtype=torch.float32)
+def _place(rows_prompt_len: list[int], values: list[list], width: int) -> torch.Tensor:
+    """Per-response-token values -> [B, width] at the response positions; per-token vectors of k
+    values (the student's support, estimator topk_rkl) -> [B, width, k]."""
+    k = next((len(v[0]) for v in values if v and isinstance(v[0], (list, tuple))), None)
+    out = torch.zeros((len(values), width) if k is None else (len(values), width, k), dtype=torch.float32)
     for i, (p, v) in enumerate(zip(rows_prompt_len, values)):
-        out[i, p : p + len(v)] = torch.tensor(v, dtype=torch.float32)
+        if v:
+            out[i, p : p + len(v)] = torch.tensor(v, dtype=torch.float32)
     return out
 
 

@@ -54,6 +54,15 @@ def check_launch(cfg: PrivyConfig):
             f"scorer.placement=engine scores on the rollout engine, which holds the policy; "
             f"method={method.name}'s teacher is a {spec.source} checkpoint: use scorer.placement=actor"
         )
+    vllm_scores = (cfg.scorer.placement == "engine" and cfg.rollout.engine == "vllm") or (
+        cfg.scorer.placement == "actor" and cfg.scorer.engine == "vllm"
+    )
+    if spec is not None and spec.support_k and vllm_scores:
+        raise ConfigError(
+            f"method={method.name}: estimator topk_rkl scores the teacher at the student's top-k token ids, "
+            "and vLLM's prompt log-probs give the teacher's own top-k: score with HF (scorer.placement=actor "
+            "scorer.engine=hf, or scorer.placement=engine rollout.engine=hf)"
+        )
     from pipeline.distributed.placement import check_launch_gpus, plan_placement
 
     check_launch_gpus(cfg, plan_placement(cfg, with_scorer=scorer_actor(cfg, method)))

@@ -63,6 +63,29 @@ def test_sdar_scored_on_the_rollout_engine_needs_no_scorer_actor_and_matches_the
             assert e[key] == pytest.approx(a[key], abs=1e-4), key
 
 
+def test_the_top_k_reverse_kl_trains_with_the_teacher_on_the_rollout_engine_or_the_scorer_actor(ray_local, tmp_path):
+    """hint_distill_topk: the teacher's log-probs at the student's top-k ids, scored by the scorer
+    actor or by the rollout worker's engine (no learner-side teacher forward); the same seeded
+    fp32 run gives the same episodes and the same term on both routes."""
+    base = [
+        *BASE,
+        "method=hint_distill_topk",
+        "method.topk=8",
+        "trainer.total_steps=2",
+        "rollout.precision=fp32",
+        "scorer.precision=fp32",
+        "learner.precision=fp32",
+    ]
+    actor = run_training(compose(base), tmp_path / "actor")
+    engine = run_training(compose([*base, "scorer.placement=engine"]), tmp_path / "engine")
+    for a, e in zip(actor, engine, strict=True):
+        assert a["teacher/rows_scored_frac"] == 1.0 and e["teacher/rows_scored_frac"] == 1.0
+        assert e["rollout/reward"] == a["rollout/reward"]
+        assert 0.0 < e["sd/support_mass"] <= e["sd/selected_fraction"] + 1e-6
+        for key in ("sd/kl", "sd/support_mass", "noise/gap_abs_mean"):
+            assert e[key] == pytest.approx(a[key], abs=1e-4), key
+
+
 def test_a_teacher_whose_noise_floor_is_too_high_stops_the_run_before_any_update(ray_local, tmp_path):
     """A deliberately mismatched precision (bf16 rollout engine, fp32 scorer): on the tiny model
     its floor is about 0.001 per token against a signal of about 0.11 (0.9%; 0 when both are

@@ -128,3 +128,48 @@ def test_the_engine_scores_as_the_scorer_actor_does_on_the_weights_it_samples_wi
             worker.score(items, min_version=4)
     finally:
         worker.close()
+
+
+def test_the_teacher_on_the_students_support_is_the_closed_form_on_both_routes(tiny_model_dir, v0_state):
+    """Estimator topk_rkl: the student's top-k ids come from the plain prompt's forward, the
+    teacher's log-probs at them from the privileged prompt's, on the same weights; the rollout
+    engine and the scorer actor give the same (fp32), and both equal a direct forward."""
+    from actors.scorer import TeacherScorerWorker
+    from pipeline.algorithm.logprobs import forward_response
+
+    plain = [([5, 6, 7, 8, 9], [10, 11, 12]), ([5, 6], [13, 14, 15, 16, 17])]
+    items = [([30, 31, 32, *p], r) for p, r in plain]  # the same responses after a privileged prefix
+    k = 4
+    worker = rollout_worker(tiny_model_dir, "steps3")
+    scorer = TeacherScorerWorker(str(tiny_model_dir), temperature=1.0, micro_batch_tokens=64, precision="fp32")
+    try:
+        *got, version = worker.score_on_support(items, plain, k, min_version=0, micro_batch_tokens=64)
+        *want, _ = scorer.score_on_support(items, plain, k, min_version=0)
+    finally:
+        worker.close()
+    assert version == 0
+    lpt, lp_plain, ids, at_ids = got
+    assert ids == want[2]
+    for a, b in zip(got, want):
+        for x, y in zip(a, b):
+            assert torch.tensor(x, dtype=torch.float64) == pytest.approx(torch.tensor(y, dtype=torch.float64), abs=1e-5)
+
+    model = load_model(tiny_model_dir, torch.float32, "cpu").eval()
+
+    def log_softmax_rows(pairs):
+        out = []
+        for p, r in pairs:
+            x = torch.tensor([p + r])
+            mask = torch.zeros_like(x, dtype=torch.float32)
+            mask[0, len(p) :] = 1
+            with torch.no_grad():
+                fw = forward_response(model, x, torch.ones_like(x), mask, with_entropy=False, with_logits=True)
+            out.append(torch.log_softmax(fw.logits, -1))
+        return out
+
+    for i, (s, t) in enumerate(zip(log_softmax_rows(plain), log_softmax_rows(items))):
+        assert ids[i] == torch.topk(s, k, dim=-1).indices.tolist()
+        assert torch.tensor(at_ids[i]) == pytest.approx(t.gather(-1, torch.tensor(ids[i])), abs=1e-5)
+        resp = torch.tensor(plain[i][1]).unsqueeze(-1)
+        assert torch.tensor(lp_plain[i]) == pytest.approx(s.gather(-1, resp).squeeze(-1), abs=1e-5)
+        assert torch.tensor(lpt[i]) == pytest.approx(t.gather(-1, resp).squeeze(-1), abs=1e-5)

@@ -109,6 +109,18 @@ def test_a_split_the_env_does_not_have_fails_at_launch_naming_the_field(override
         check_launch(compose([override]))
 
 
+def test_a_top_k_teacher_on_a_vllm_engine_fails_at_launch():
+    """vLLM returns the teacher's own top-k, not its log-probs at the student's ids (topk_rkl)."""
+    from pipeline.orchestration.launch import check_launch
+
+    base = ["env=keyword", "model=tiny", "method=hint_distill_topk", "rollout.temperature=1.0"]
+    check_launch(compose(base))  # the HF scorer actor
+    check_launch(compose([*base, "scorer.placement=engine"]))  # the HF rollout engine
+    for over in (["rollout=vllm", "scorer.placement=engine"], ["scorer.engine=vllm"]):
+        with pytest.raises(ConfigError, match="topk_rkl .* score with HF"):
+            check_launch(compose([*base, *over]))
+
+
 def test_zero_steps_evaluate_only_and_need_something_to_evaluate():
     assert compose(["trainer.total_steps=0", "trainer.val_at_start=true"]).trainer.total_steps == 0
     assert compose(["trainer.total_steps=0", "trainer.final_val_splits=[valid_unseen]"]).trainer.total_steps == 0

@@ -19,6 +19,7 @@ from pipeline.algorithm.losses import (
     policy_loss,
     sdar_gate,
     token_mean,
+    topk_rkl,
 )
 from pipeline.algorithm.metrics import Reduce, reduce_micro_batches
 from pipeline.core.types import AUX_KINDS
@@ -480,11 +481,86 @@ def test_full_kl_rejects_logits_that_do_not_cover_the_response_tokens():
         )
 
 
+# ----- topk_rkl: the reverse KL on the student's support ----------------------------------------------
+
+
+def _support(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, k: int):
+    """The scorer's side, by hand: the student's top-k ids per response position and the
+    teacher's log-probs there, placed as [B, T, k] like the batch builder does."""
+    ids = torch.topk(student.detach(), k, dim=-1).indices  # [N_resp, k]
+    lpt = torch.log_softmax(teacher.detach(), -1).gather(-1, ids)
+    b, t = mask.shape
+    out_ids, out_lpt = torch.zeros(b, t, k), torch.zeros(b, t, k)
+    out_ids[mask > 0], out_lpt[mask > 0] = ids.to(out_ids.dtype), lpt
+    return out_ids, out_lpt
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_topk_rkl_is_the_direct_sum_over_the_students_top_k_and_full_kl_at_k_equal_the_vocabulary(seed):
+    mask, distill, student, teacher = _tg_case(seed)
+    n_all = 11.0
+    for k in (1, 3, 6):
+        ids, lpt = _support(student, teacher, mask, k)
+        x = X(
+            torch.zeros(2, 4),
+            mask,
+            n_all,
+            distill_mask=distill,
+            student_logits=student,
+            topk_ids=ids,
+            topk_teacher_logprobs=lpt,
+        )
+        loss, m = topk_rkl(x)
+        selected = distill[mask > 0].bool()
+        direct = 0.0
+        for i in range(student.shape[0]):
+            if not selected[i]:
+                continue
+            logp = torch.log_softmax(student[i].detach(), -1)
+            logq = torch.log_softmax(teacher[i].detach(), -1)
+            for v in torch.topk(student[i].detach(), k).indices.tolist():
+                direct += logp[v].exp().item() * (logp[v].item() - logq[v].item())
+        assert loss.item() == pytest.approx(direct / n_all, rel=1e-10), k
+    full, _ = full_kl(
+        X(torch.zeros(2, 4), mask, n_all, distill_mask=distill, student_logits=student, teacher_logits=teacher)
+    )
+    assert loss.item() == pytest.approx(full.item(), rel=1e-10)  # k = V: the exact KL
+    assert m["support_mass"].value.item() == pytest.approx(m["selected_fraction"].value.item(), rel=1e-10)
+
+
+def test_topk_rkl_gradient_at_k_equal_the_vocabulary_is_full_kls():
+    mask, distill, student, teacher = _tg_case(7)
+    ids, lpt = _support(student, teacher, mask, 6)
+    a, _ = topk_rkl(
+        X(
+            torch.zeros(2, 4),
+            mask,
+            5.0,
+            distill_mask=distill,
+            student_logits=student,
+            topk_ids=ids,
+            topk_teacher_logprobs=lpt,
+        )
+    )
+    (ga,) = torch.autograd.grad(a, student)
+    b, _ = full_kl(
+        X(torch.zeros(2, 4), mask, 5.0, distill_mask=distill, student_logits=student, teacher_logits=teacher)
+    )
+    (gb,) = torch.autograd.grad(b, student)
+    assert torch.allclose(ga, gb, atol=1e-12)
+
+
+def test_topk_rkl_needs_its_support():
+    mask, distill, student, _ = _tg_case(0)
+    with pytest.raises(ValueError, match="topk_ids"):
+        topk_rkl(X(torch.zeros(2, 4), mask, 6, distill_mask=distill, student_logits=student))
+
+
 # ----- registry -----------------------------------------------------------------------------------
 
 
 def test_aux_registry_names_the_distillation_kinds_and_nll_with_one_typed_input():
-    assert set(AUX_LOSSES) == set(AUX_KINDS) == {"sampled_surrogate", "k3_is", "full_kl", "nll"}
+    assert set(AUX_LOSSES) == set(AUX_KINDS) == {"sampled_surrogate", "k3_is", "full_kl", "topk_rkl", "nll"}
     lp = torch.tensor([[-1.0, -2.0]])
     logits = torch.zeros(2, 3)
     x = X(
@@ -495,6 +571,8 @@ def test_aux_registry_names_the_distillation_kinds_and_nll_with_one_typed_input(
         input_ids=torch.tensor([[0, 1]]),
         student_logits=logits,
         teacher_logits=logits,
+        topk_ids=torch.tensor([[[0.0, 2.0], [1.0, 0.0]]]),
+        topk_teacher_logprobs=torch.full((1, 2, 2), -1.2),
     )
     for kind, fn in AUX_LOSSES.items():
         loss, metrics = fn(x)

@@ -144,12 +144,22 @@ def test_every_method_credit_fits_the_train_batch_builder(name):
     if method.teacher.needs_first_phase:  # a frozen teacher trained first: give it one instead
         method = build(name, teacher_path="/teacher", teacher_success_rate=0.5)
     method.attach(FakePrompts())
+    spec = method.teacher_spec()
+    if spec is not None and spec.support_k:  # topk_rkl: the scorer also gives the student's support
+        for r in rows_of(groups):
+            r.teacher_topk_ids = [list(range(spec.support_k)) for _ in r.response_ids]
+            r.teacher_topk_logprobs = [[-2.0] * spec.support_k for _ in r.response_ids]
     step = 30  # inside ADRS's shaping window
     assert method.teacher_active(step) == (method.teacher_spec() is not None)
     credit = method.credit(groups, step)
     batch = build_train_batch(rows_of(groups), credit, pad_id=0, default_entropy_coef=0.001)
     assert batch.advantages.shape == batch.input_ids.shape
-    needs = {"sampled_surrogate": {"teacher_logprobs"}, "k3_is": {"teacher_logprobs"}, "full_kl": {"distill_mask"}}
+    needs = {
+        "sampled_surrogate": {"teacher_logprobs"},
+        "k3_is": {"teacher_logprobs"},
+        "full_kl": {"distill_mask"},
+        "topk_rkl": {"teacher_logprobs", "topk_ids", "topk_teacher_logprobs"},
+    }
     for term in batch.aux_terms:
         assert needs[term.kind] <= set(batch.aux), (name, term.kind)
         assert term.kind != "full_kl" or batch.teacher_input_ids is not None

@@ -10,6 +10,10 @@
   * ``estimator: full_kl``: the exact reverse KL over the vocabulary to a learner-side teacher
     forward with the current weights on the privileged prompt (targeted guidance "full"; needs
     ``teacher: self``; no scorer).
+  * ``estimator: topk_rkl``: the reverse KL on the student's support, ``sum_{v in S_t} p(v) (log
+    p(v) - log q(v))`` over the student's ``topk`` most likely tokens S_t, with the teacher's
+    log-probs at S_t from the scorer (actor or rollout engine, HF): no learner-side teacher
+    forward (needs ``teacher: self``: the same weights on the plain prompt give S_t).
 
   ``weight: gate`` makes ``w = sg(sigmoid(beta * (lpT - lp)))`` (SDAR's gate, computed in the loss
   from the current log-probs; ``beta = 0`` is the constant 0.5 of grpo_opsd); ``weight: none``
@@ -42,7 +46,7 @@ from pipeline.core.types import AuxTerm
 from pipeline.methods.options import check_types, require
 from pipeline.methods.parts.base import Part, part
 
-ESTIMATORS = ("sampled_surrogate", "k3_is", "full_kl")  # each the kind of the aux loss it adds
+ESTIMATORS = ("sampled_surrogate", "k3_is", "full_kl", "topk_rkl")  # each the kind of the aux loss it adds
 WEIGHTS = ("none", "gate")
 
 
@@ -51,6 +55,7 @@ class Signal(Part):
 
     needs_teacher = True  # False: a control, trained without a teacher
     learner_side = False  # True: the learner runs the teacher forward (no scorer)
+    support_k = 0  # > 0: the scorer also scores the teacher on the student's top-k (topk_rkl)
 
     def coef(self) -> float:
         """The signal's strength (0: off, the teacher is never asked)."""
@@ -79,7 +84,8 @@ class AuxLoss(Signal):
 
     @dataclasses.dataclass
     class Options:
-        estimator: str = "sampled_surrogate"  # sampled_surrogate | k3_is | full_kl
+        estimator: str = "sampled_surrogate"  # sampled_surrogate | k3_is | full_kl | topk_rkl
+        topk: int = 16  # topk_rkl: the size of the student's support S_t
         lam: float = 0.01  # coefficient of the term, >= 0
         weight: str = "none"  # none | gate (SDAR's sigmoid gate)
         beta: float = 5.0  # gate sharpness (weight: gate); 0 = constant gate 0.5
@@ -101,18 +107,29 @@ class AuxLoss(Signal):
             )
             require(self.pg_coef >= 0.0, f"method={method}: method.pg_coef={self.pg_coef} must be >= 0")
             require(
-                not (self.weight == "gate" and self.estimator == "full_kl"),
-                f"method={method}: method.weight=gate is for the sampled estimators; full_kl is exact",
+                not (self.weight == "gate" and self.estimator in ("full_kl", "topk_rkl")),
+                f"method={method}: method.weight=gate is for the sampled estimators; {self.estimator} is not sampled",
             )
+            require(self.topk >= 1, f"method={method}: method.topk={self.topk} must be >= 1")
 
     @property
     def learner_side(self) -> bool:
         return self.opts.estimator == "full_kl"
 
+    @property
+    def support_k(self) -> int:
+        """The size of the student's support the scorer must score the teacher on (topk_rkl), else 0."""
+        return self.opts.topk if self.opts.estimator == "topk_rkl" else 0
+
     def coef(self) -> float:
         return self.opts.lam
 
     def check(self, advantage: Part, teacher: Part) -> None:
+        require(
+            not self.support_k or teacher.source == "self",
+            f"method={self.setting.method}: estimator topk_rkl takes the student's support from the "
+            "teacher's weights on the plain prompt: it needs parts.teacher=self",
+        )
         require(
             not self.learner_side or teacher.source == "self",
             f"method={self.setting.method}: estimator full_kl runs the teacher in the learner with "
@@ -140,6 +157,8 @@ class AuxLoss(Signal):
                     return
                 credit.aux["distill_mask"] = masks
             credit.aux["teacher_logprobs"] = teacher
+            if o.estimator == "topk_rkl":
+                credit.aux["topk_ids"], credit.aux["topk_teacher_logprobs"] = job.teacher_support(o.topk)
         credit.aux_terms = [term]
 
 
