@@ -19,7 +19,8 @@ carry no prefix: the learner adds ``policy/`` or the ``AuxTerm.name`` (``sdar/``
 Aux losses take one typed record, ``LossInputs`` (the sampled ones also SDAR's gate sharpness,
 ``AuxTerm.gate_beta``), and are looked up by ``AuxTerm.kind`` in ``AUX_LOSSES`` (``aux_loss``);
 the kinds in ``AUX_NEEDS_LOGITS`` need the learner to fill the student's logits, those in
-``AUX_NEEDS_TEACHER_FORWARD`` also the teacher's (see ``full_kl``, ``topk_rkl``). Nothing here runs a model, touches Ray, or knows which method asked for a term.
+``AUX_NEEDS_TEACHER_FORWARD`` also the teacher's (see ``full_kl``, ``topk_rkl``). Nothing here runs a
+model, touches Ray, or knows which method asked for a term.
 """
 
 from __future__ import annotations

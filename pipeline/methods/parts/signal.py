@@ -85,7 +85,7 @@ class AuxLoss(Signal):
     @dataclasses.dataclass
     class Options:
         estimator: str = "sampled_surrogate"  # sampled_surrogate | k3_is | full_kl | topk_rkl
-        topk: int = 16  # topk_rkl: the size of the student's support S_t
+        topk: int = 64  # topk_rkl: the size of the student's support S_t (docs/results/topk_kl)
         lam: float = 0.01  # coefficient of the term, >= 0
         weight: str = "none"  # none | gate (SDAR's sigmoid gate)
         beta: float = 5.0  # gate sharpness (weight: gate); 0 = constant gate 0.5
