@@ -272,10 +272,19 @@ def machine() -> dict:
 
 
 def git_commit(root: Path) -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+    """The commit the code is at, and whether tracked files differ from it. Where there is no git
+    (the GPU machine gets a copy of the tree, not a repository) both say so instead of failing."""
 
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return ""
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"commit": "unknown (no git repository)", "dirty": None}
+    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def store_run(run_dir: Path, folder: Path) -> Path:
