@@ -161,6 +161,7 @@ train() {
     [[ -f "$SITE/smollm2_tok/tokenizer.json" ]] || { echo "no SmolLM2 tokenizer in the payload ($SITE/smollm2_tok)"; return 1; }
     "$PY" scripts/gpu_check.py make-model --tok "$SITE/smollm2_tok" --out "$WORK/smollm2_random" || return 1
   fi
+  rm -rf "$OUT/train_run"  # a fresh run: an OUT reused by a rerun would append to the last one's metrics
   "$PY" scripts/train.py "${MODEL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${GPU_ARGS[@]}" "trainer.run_dir=$OUT/train_run" \
     || return 1
   "$PY" scripts/gpu_check.py check-run "$OUT/train_run" --steps "$STEPS" --teacher $([[ $CPU == 1 ]] || echo --gpu)
@@ -189,6 +190,7 @@ colocated() {
   [[ $CPU == 1 ]] && skip "--cpu: a learner and a vLLM engine sharing one GPU needs the GPU"
   have_vllm || skip "vllm is not in the payload (payload.sh --vllm)"
   export PYTHONPATH=$VLLM_PATH
+  rm -rf "$OUT/colocated_run"
   "$PY" scripts/train.py "${MODEL_ARGS[@]}" "${TRAIN_ARGS[@]}" method=grpo cluster=gpu_colocated rollout=vllm \
     learner.num_learners=1 rollout.num_workers=1 cluster.sync_backend=gloo "trainer.run_dir=$OUT/colocated_run" || return 1
   "$PY" scripts/gpu_check.py check-run "$OUT/colocated_run" --steps "$STEPS"
