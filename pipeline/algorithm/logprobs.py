@@ -23,7 +23,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["ResponseForward", "forward_response", "position_ids_from_mask", "response_logprobs", "score_responses"]
+__all__ = [
+    "ResponseForward",
+    "forward_response",
+    "position_ids_from_mask",
+    "response_logprobs",
+    "score_on_support",
+    "score_responses",
+]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -159,40 +166,10 @@ def _padded(items: list[tuple[list[int], list[int]]]):
 
 
 @torch.no_grad()
-def score_responses(
-    model: nn.Module,
-    items: list[tuple[list[int], list[int]]],
-    *,
-    temperature: float,
-    micro_batch_tokens: int | None = None,
-) -> list[list[float]]:
-    """Per-token log-probs of each response after its prompt (``items`` = (prompt ids, response
-    ids)): one no-grad ``forward_response`` per micro-batch of at most ``micro_batch_tokens``
-    padded tokens (None: one batch), on the model's device. What a teacher is: the scorer actor and
-    a rollout engine that scores (``scorer.placement``) both call this."""
-    from pipeline.core.microbatch import split_by_tokens
-
-    if not items:
-        return []
-    device = next(model.parameters()).device
-    batch = _padded(items)
-    out: list[list[float]] = []
-    for mb in split_by_tokens(batch, micro_batch_tokens) if micro_batch_tokens else [batch]:
-        lp = forward_response(
-            model,
-            mb.input_ids.to(device),
-            mb.attention_mask.to(device),
-            mb.response_mask.to(device),
-            temperature=temperature,
-            with_entropy=False,
-        ).logprobs.cpu()
-        out += [lp[i][mb.response_mask[i].bool()].tolist() for i in range(mb.n_rows)]
-    return out
-
-
-def _row_logsoftmax(model: nn.Module, items, *, temperature: float, micro_batch_tokens: int | None):
-    """Per item, the temperature-scaled log-softmax ``[n_response, V]`` at its response
-    positions, one item at a time out of each micro-batch's forward (no grad, CPU float32)."""
+def _forwards(model: nn.Module, items, *, temperature: float, micro_batch_tokens: int | None, with_logits: bool):
+    """``forward_response`` over ``items`` = (prompt ids, response ids), one micro-batch of at most
+    ``micro_batch_tokens`` padded tokens at a time (None: one batch), on the model's device; yields
+    each micro-batch (rows in item order) with its forward."""
     from pipeline.core.microbatch import split_by_tokens
 
     device = next(model.parameters()).device
@@ -205,11 +182,41 @@ def _row_logsoftmax(model: nn.Module, items, *, temperature: float, micro_batch_
             mb.response_mask.to(device),
             temperature=temperature,
             with_entropy=False,
-            with_logits=True,
+            with_logits=with_logits,
         )
+        yield mb, fw
+
+
+def score_responses(
+    model: nn.Module,
+    items: list[tuple[list[int], list[int]]],
+    *,
+    temperature: float,
+    micro_batch_tokens: int | None = None,
+) -> list[list[float]]:
+    """Per-token log-probs of each response after its prompt (``items`` = (prompt ids, response
+    ids)): one no-grad ``forward_response`` per micro-batch of at most ``micro_batch_tokens``
+    padded tokens (None: one batch), on the model's device. What a teacher is: the scorer actor and
+    a rollout engine that scores (``scorer.placement``) both call this."""
+    if not items:
+        return []
+    out: list[list[float]] = []
+    for mb, fw in _forwards(
+        model, items, temperature=temperature, micro_batch_tokens=micro_batch_tokens, with_logits=False
+    ):
+        lp = fw.logprobs.cpu()
+        out += [lp[i][mb.response_mask[i].bool()].tolist() for i in range(mb.n_rows)]
+    return out
+
+
+def _row_logsoftmax(model: nn.Module, items, *, temperature: float, micro_batch_tokens: int | None):
+    """Per item, the temperature-scaled log-softmax ``[n_response, V]`` at its response
+    positions, one item at a time out of each micro-batch's forward (no grad, CPU float32)."""
+    for mb, fw in _forwards(
+        model, items, temperature=temperature, micro_batch_tokens=micro_batch_tokens, with_logits=True
+    ):
         counts = mb.response_mask.sum(1).long().tolist()
-        for chunk in torch.split(torch.log_softmax(fw.logits, dim=-1).cpu(), counts):
-            yield chunk
+        yield from torch.split(torch.log_softmax(fw.logits, dim=-1).cpu(), counts)
 
 
 @torch.no_grad()
