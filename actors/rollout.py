@@ -171,11 +171,7 @@ class RolloutWorker:
         lps, version = self.batcher.score(
             items, temperature=self.cfg.temperature, micro_batch_tokens=micro_batch_tokens
         )
-        if version < min_version:
-            raise WeightsLost(
-                f"rollout worker {self.worker_id} holds weights v{version}, v{min_version} "
-                "were published: its process was restarted"
-            )
+        self._check_weights(version, min_version)
         return lps, version
 
     def score_on_support(
@@ -186,12 +182,16 @@ class RolloutWorker:
         *out, version = self.batcher.score_on_support(
             items, plain, k, temperature=self.cfg.temperature, micro_batch_tokens=micro_batch_tokens
         )
+        self._check_weights(version, min_version)
+        return (*out, version)
+
+    def _check_weights(self, version: int, min_version: int) -> None:
+        """A score on weights older than the published ones: this process was restarted."""
         if version < min_version:
             raise WeightsLost(
                 f"rollout worker {self.worker_id} holds weights v{version}, v{min_version} "
                 "were published: its process was restarted"
             )
-        return (*out, version)
 
     # ----- colocation -----------------------------------------------------------------------------
     def sleep(self) -> None:
