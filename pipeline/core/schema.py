@@ -155,6 +155,11 @@ class TrainerConfig:
     # can still be checkpointed within them, else abandoned and the last completed step saved
     # (pipeline/orchestration/stopping.py). Validations are skipped once SIGTERM came.
     stop_grace_s: float = 30.0
+    # Wall seconds from the start of the run (this process): the first step that ends past them
+    # is the last one, and is validated, evaluated on final_val_splits and checkpointed as step
+    # total_steps would have been (logged trainer/time_limited = 1). A scheduler's time limit, or
+    # methods compared at equal time (scripts/bench/learning.py --time-budget-s). null: none.
+    time_limit_s: float | None = None
     # Training steps in a row whose update was discarded for non-finite gradients that stop the
     # run, with a checkpoint and a message (0: never stop).
     max_skipped_steps: int = 3

@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,11 @@ def build_lock(target: Path) -> Iterator[None]:
     with open(target.parent / f".{target.name}.lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
+            # A build killed before it could clean up (SIGKILL, a node lost) leaves its staging dir
+            # (``.<name>.<random>``: hundreds of MB); holding the lock, no other build is staging one.
+            for stale in target.parent.glob(f".{target.name}.*"):
+                if stale.is_dir():
+                    shutil.rmtree(stale, ignore_errors=True)
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)

@@ -88,8 +88,12 @@ class Controller(Supervision, Saving, Validation):
         buffer_state: dict | None = None,
         events: EventLog | None = None,
         outcomes: OutcomeLog | None = None,
+        started_at: float | None = None,
     ):
         self.cfg = cfg
+        # trainer.time_limit_s counts from here (time.monotonic()): the run's start, given by run.py
+        self._started_at = time.monotonic() if started_at is None else started_at
+        self.time_limited = False  # the last step was the first to end past trainer.time_limit_s
         self.events = events or EventLog(None)
         self.outcomes = outcomes or OutcomeLog(None)
         self.learner, self.workers, self.method = learner, workers, method
@@ -261,19 +265,20 @@ class Controller(Supervision, Saving, Validation):
                 return
             step = self.state.step
             halt = self._count_skip(step, metrics)
+            last = step == t.total_steps or self._past_time_limit(step, metrics)
             hurry = self._stop.deadline is not None  # a validation could outlast the grace
-            if t.val_every and (step % t.val_every == 0 or step == t.total_steps) and not halt and not hurry:
+            if t.val_every and (step % t.val_every == 0 or last) and not halt and not hurry:
                 metrics.update(await self._validate(step))
-            if step == t.total_steps and not halt:
+            if last and not halt:
                 if hurry:
                     self.final_skipped = True
                 else:
                     metrics.update(await self._final_validation(step))
-            due = (t.ckpt_every and step % t.ckpt_every == 0) or step == t.total_steps
+            due = (t.ckpt_every and step % t.ckpt_every == 0) or last
             if self.checkpointer is not None and (due or halt or self._stop.is_set()):
                 metrics["time/checkpoint_s"] = await self._save(step)
             # New groups may start only now: at lag 0 nothing is in flight at the checkpoint.
-            if step < t.total_steps and not self._stop.is_set():
+            if not last and not self._stop.is_set():
                 await self.buffer.set_synced_version(step)
             self.logger.log(metrics, step)
             self.history.append(metrics)
@@ -286,6 +291,24 @@ class Controller(Supervision, Saving, Validation):
                     f"had non-finite losses or gradients, so their updates were discarded{where}; lower "
                     f"learner.lr or check the rewards, then resume with trainer.resume=RUN_DIR"
                 )
+            if last:
+                return
+
+    def _past_time_limit(self, step: int, metrics: dict[str, float]) -> bool:
+        """Whether ``step`` ended past ``trainer.time_limit_s`` (and so is the last one)."""
+        limit = self.cfg.trainer.time_limit_s
+        if limit is None or time.monotonic() - self._started_at < limit:
+            return False
+        self.time_limited = True
+        metrics["trainer/time_limited"] = 1.0
+        self.events.record("time_limit", step=step, limit_s=limit)
+        print(
+            f"privy-rl: trainer.time_limit_s={limit:g} reached: step {step} of {self.cfg.trainer.total_steps} "
+            "is the last (validated, final splits, checkpoint)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
 
     def _count_skip(self, step: int, metrics: dict[str, float]) -> bool:
         """Count a step whose update was discarded; True when ``trainer.max_skipped_steps`` came

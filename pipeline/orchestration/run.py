@@ -64,6 +64,7 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     from pipeline.orchestration.controller import Controller, ControllerState
     from pipeline.orchestration.logging import EventLog, OutcomeLog, make_logger
 
+    started_at = time.monotonic()  # trainer.time_limit_s counts from here: a run's wall time, startup included
     set_process_env()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -121,6 +122,7 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
         buffer_state=buffer_state,
         events=EventLog(run_dir / "events.jsonl"),
         outcomes=OutcomeLog(run_dir / "outcomes"),
+        started_at=started_at,
     )
     if resume_state is not None:
         # Rollout workers (and a self-teacher) start from the initial weights: sync them first.
@@ -172,6 +174,7 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
         free_actors(actors)
     summary = {
         "steps": controller.state.step,
+        "time_limited": controller.time_limited,  # ended by trainer.time_limit_s before total_steps
         "seconds": time.time() - t0,
         "first": history[0] if history else {},
         "last": history[-1] if history else {},

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import random
 import shutil
 import sys
@@ -154,7 +155,7 @@ def ensure_warm_start(cfg: PrivyConfig, model_path: str | Path) -> Path:
             import multiprocessing as mp
 
             ctx = mp.get_context("spawn")  # DeepSpeed's process group and torch threads stay out of the driver
-            with ctx.Pool(1) as pool:
+            with ctx.Pool(1, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
                 report = pool.apply(_build, (cfg, str(model_path), str(stage)))
             publish(
                 stage,
@@ -175,6 +176,20 @@ def ensure_warm_start(cfg: PrivyConfig, model_path: str | Path) -> Path:
 
 
 # ----- cloning (in the spawned process) ----------------------------------------------------------
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Pool initializer: the clone dies with the run that started it. A run killed while cloning
+    (SIGTERM before the controller starts, SIGKILL) otherwise left its pool worker training for
+    minutes, an orphan holding the cores, and failing at the end to send its result."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the line above took effect
+        os._exit(1)
 
 
 def _learner_config(cfg: PrivyConfig):

@@ -50,6 +50,7 @@ class Run:
     repeat: int  # 1 = the first run of (method, seed); 2, 3... = the same seed run again
     rows: list[dict]
     seconds: float | None
+    steps: int | None = None  # training steps done (summary.json): fewer than asked when time-limited
     outcomes: dict[str, list[float]] = field(default_factory=dict)  # outcome file stem -> won per task
 
     def last(self, key: str) -> float | None:
@@ -83,13 +84,14 @@ def load_run(path: Path) -> Run:
     if m is None:
         raise ValueError(f"{path}: a run folder is named <method>_s<seed>[_r<k>]")
     rows = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    summary = path / "summary.json"
-    seconds = json.loads(summary.read_text()).get("seconds") if summary.exists() else None
+    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else {}
     outcomes = {}
     for f in sorted((path / "outcomes").glob("*.jsonl")):
         lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
         outcomes[f.stem] = [float(x["won"]) for x in sorted(lines, key=lambda x: x["task"])]
-    return Run(m["method"], int(m["seed"]), int(m["repeat"] or 1), rows, seconds, outcomes)
+    return Run(
+        m["method"], int(m["seed"]), int(m["repeat"] or 1), rows, summary.get("seconds"), summary.get("steps"), outcomes
+    )
 
 
 def load_runs(folder: Path) -> list[Run]:
@@ -185,6 +187,9 @@ def learning_tables(runs: list[Run], baseline: str = "grpo", split: str = TEST_S
         )
         row["privilege gap (valid)"] = _fmt(_mean([r.run_mean("val/privilege_gap") for r in rs]))
         row["distill KL"] = _fmt(_mean([_suffix_mean(r, "/kl") for r in rs]), 4)
+        steps = sorted(r.steps for r in rs if r.steps is not None)
+        # runs under a time limit (learning.py --time-budget-s) may stop at different steps
+        row["steps"] = "" if not steps else str(steps[0]) if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"
         row["minutes per run"] = _fmt(_mean([r.seconds / 60 if r.seconds else None for r in rs]), 1)
         table.append(row)
     pairs = []  # every two methods trained at the same seeds, the later in the table minus the earlier

@@ -3,17 +3,28 @@ judged on the test split, read once at the end of each run.
 
     python scripts/bench/learning.py --preset keyword_hints_cpu [--methods grpo hint_distill ...]
         [--seeds 0 1 2 3 4 5] [--repeat-seeds 0] [--out runs/learning/NAME]
-        [--results docs/results/NAME] [extra hydra overrides...]
+        [--results docs/results/NAME] [--parallel N [--time-budget-s S]] [extra hydra overrides...]
 
-Every point is a full training run (``scripts/train.py``, one process each, one after another)
-into ``OUT/<method>_s<seed>`` (``_r2``: the same seed run again, ``--repeat-seeds``, to measure
-how far two runs of one seed differ: threads, bf16 kernels and asynchrony); a point with a
-``summary.json`` is skipped on a rerun, so a comparison that died resumes where it stopped. A
-finished point's checkpoints are deleted (``--keep-checkpoints`` keeps them). All points share the
-preset's overrides, hence the warm start (built once, cached), the rollout budget and the
-validation (``valid``: selects; its curve is logged) and test (``trainer.final_val_splits``,
-evaluated once after the last step, per-task outcomes saved) tasks. A preset with ``start`` also
-evaluates the starting model itself without training (``start_s<seed>``: the clone's test success).
+Every point is a full training run (``scripts/train.py``, one process each, one after another, or
+``--parallel N`` at once) into ``OUT/<method>_s<seed>`` (``_r2``: the same seed run again,
+``--repeat-seeds``, to measure how far two runs of one seed differ: threads, bf16 kernels and
+asynchrony); a point with a ``summary.json`` is skipped on a rerun, so a comparison that died
+resumes where it stopped. A finished point's checkpoints are deleted (``--keep-checkpoints`` keeps
+them). All points share the preset's overrides, hence the warm start (built once, cached), the
+rollout budget and the validation (``valid``: selects; its curve is logged) and test
+(``trainer.final_val_splits``, evaluated once after the last step, per-task outcomes saved) tasks.
+A preset with ``start`` also evaluates the starting model itself without training
+(``start_s<seed>``: the clone's test success).
+
+``--parallel N`` runs up to N points at once on one Ray cluster this script starts (this machine's
+CPUs and GPUs): each point joins it (``cluster.address``) and asks for what its overrides name, so
+that fractional GPUs (``learner.num_gpus=0.03`` ...) let one GPU hold many small runs side by side;
+its output goes to ``OUT/<point>/train.log``. The starting model runs first, alone (it builds the
+warm start every point reads). ``--time-budget-s S`` bounds the whole comparison: the trained
+points all start at once after the start (``--parallel`` must hold them all) and each trains until
+``trainer.time_limit_s`` = what is left of S minus ``--reserve-s`` (for its last step, validation
+and test), so every method gets the same wall time; the table's ``steps`` column says how many
+steps each reached.
 
 The tables (``pipeline.tools.results.learning_tables``): per method the test success over seeds
 with its 95% t interval, the seed-paired difference to GRPO (and to the start) with its paired-t
@@ -27,11 +38,14 @@ of docs/results (``scripts/results.py`` rebuilds and checks the docs' tables fro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,6 +138,53 @@ PRESETS = {
         ],
         "method_overrides": {"null_baseline": ["method.lam=0.1"], "hint_imitation": ["method.lam=0.1"]},
     },
+    # The learning comparison at GPU scale (scripts/gpu_check.sh, phase learning; issue 29): the
+    # methods and controls of keyword_hints_cpu on Search-QA from the hinted clone of
+    # search_qa_hints_cpu, with the real SmolLM2, run side by side on one GPU (--parallel 15
+    # --time-budget-s: each point trains until the shared time runs out, so total_steps is only a
+    # cap). 8 x 8 episodes a step (the CPU preset: 4 x 4), 128 valid questions every 10 steps and
+    # 128 test questions at the end (CPU: 64). Each point asks for 0.06 of the GPU (learner 0.03,
+    # engine 0.02, scorer 0.01: 15 points hold 0.9) and one thread per actor.
+    "search_qa_gpu": {
+        "methods": ["grpo", "sdar_hints", "hint_distill", "null_baseline", "hint_imitation"],
+        "start": True,
+        "overrides": [
+            "+experiment=search_qa_warm_start",
+            "warm_start.hint_placement=system",
+            "trainer.total_steps=1000",
+            "trainer.groups_per_step=8",
+            "rollout.group_size=8",
+            "trainer.val_every=10",
+            "trainer.val_tasks=128",
+            "trainer.ckpt_every=0",
+            "logger.progress=false",
+            "cluster.threads_per_actor=1",
+            "learner.num_gpus=0.03",
+            "rollout.num_gpus=0.02",
+            "scorer.num_gpus=0.01",
+        ],
+        "method_overrides": {"null_baseline": ["method.lam=0.1"], "hint_imitation": ["method.lam=0.1"]},
+    },
+    # The same code path at toy size, what `scripts/gpu_check.sh --cpu` (CI) runs: two methods side
+    # by side on a shared local Ray, the tiny random model on the keyword task, time-limited.
+    "keyword_tiny_cpu": {
+        "methods": ["grpo", "hint_distill"],
+        "start": True,
+        "overrides": [
+            "model=tiny",
+            "env=keyword",
+            "trainer.total_steps=1000",
+            "trainer.groups_per_step=1",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=8",
+            "trainer.val_every=0",
+            "trainer.val_tasks=4",
+            "trainer.final_val_splits=[test]",
+            "trainer.ckpt_every=0",
+            "logger.progress=false",
+            "cluster.threads_per_actor=1",
+        ],
+    },
 }
 
 
@@ -132,10 +193,17 @@ def point_name(method: str, seed: int, repeat: int = 1) -> str:
 
 
 def run_point(
-    out: Path, method: str, seed: int, overrides: list[str], keep_checkpoints: bool = False, repeat: int = 1
+    out: Path,
+    method: str,
+    seed: int,
+    overrides: list[str],
+    keep_checkpoints: bool = False,
+    repeat: int = 1,
+    log: bool = False,
 ) -> Path | None:
     """One training run (or, for ``start``, the starting model evaluated without training); its
-    directory, or None when it failed."""
+    directory, or None when it failed. ``log``: its output to ``<run dir>/train.log`` (points run
+    side by side), else to this process's."""
     run_dir = out / point_name(method, seed, repeat)
     if (run_dir / "summary.json").exists():
         print(f"learning: {run_dir.name} finished earlier: skipped", flush=True)
@@ -156,7 +224,12 @@ def run_point(
     ]
     t0 = time.time()
     print(f"learning: {run_dir.name} ...", flush=True)
-    r = subprocess.run(cmd, cwd=ROOT)
+    if log:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / "train.log", "w") as f:
+            r = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    else:
+        r = subprocess.run(cmd, cwd=ROOT)
     print(f"learning: {run_dir.name} exit {r.returncode} in {time.time() - t0:.0f} s", flush=True)
     if r.returncode != 0:
         return None
@@ -164,6 +237,70 @@ def run_point(
         for ckpt in [run_dir / "checkpoints", *run_dir.glob("*/checkpoints")]:  # and a phase-1 teacher's
             shutil.rmtree(ckpt, ignore_errors=True)
     return run_dir
+
+
+@contextlib.contextmanager
+def shared_cluster(parallel: int):
+    """A Ray cluster for points run side by side; yields its address. Its CPUs are logical: points
+    that each ask for a CPU or two all start (oversubscribed on purpose; the preset keeps each
+    actor to few threads), while GPUs stay what the machine has, shared by fractional requests."""
+    import ray
+
+    ray.init(
+        num_cpus=max(os.cpu_count() or 1, 3 * parallel),
+        include_dashboard=False,
+        logging_level="ERROR",
+    )
+    try:
+        print(f"learning: a Ray cluster for {parallel} points at once: {ray.cluster_resources()}", flush=True)
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+def run_plan(
+    out: Path,
+    plan: list[tuple[str, int, int]],
+    overrides_of,
+    keep_checkpoints: bool = False,
+    parallel: int = 1,
+    time_budget_s: float | None = None,
+    reserve_s: float = 120.0,
+) -> list[Path | None]:
+    """Run the plan's points (method, seed, repeat); their directories (None: failed) in plan order.
+
+    ``overrides_of(method)``: a point's overrides. With ``parallel`` > 1 the points join one
+    shared cluster, the start first and alone, then up to ``parallel`` at once. With a time budget
+    each trained point gets ``trainer.time_limit_s`` from what is left of it when it starts."""
+    deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
+    starts = [p for p in plan if p[0] == START]
+    trained = [p for p in plan if p[0] != START]
+    if deadline is not None and len(trained) > parallel:
+        raise SystemExit(
+            f"learning: --time-budget-s gives every method the same wall time, so all {len(trained)} trained "
+            f"points must run at once: set --parallel {len(trained)} (got {parallel})"
+        )
+    done: dict[tuple[str, int, int], Path | None] = {}
+    with shared_cluster(parallel) if parallel > 1 else contextlib.nullcontext() as address:
+        joined = [f"cluster.address={address}"] if address else []
+
+        def one(point: tuple[str, int, int]) -> Path | None:
+            m, s, k = point
+            extra = []
+            if deadline is not None and m != START:
+                left = deadline - time.monotonic() - reserve_s
+                if left <= 0:
+                    print(f"learning: {point_name(m, s, k)}: the time budget is spent: not started", flush=True)
+                    return None
+                extra = [f"trainer.time_limit_s={left:.0f}"]
+            return run_point(out, m, s, overrides_of(m) + joined + extra, keep_checkpoints, k, log=parallel > 1)
+
+        for p in starts:  # alone: it builds the warm start (cached) that every point reads
+            done[p] = one(p)
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            for p, d in zip(trained, pool.map(one, trained)):
+                done[p] = d
+    return [done[p] for p in plan]
 
 
 def plot(runs, path: Path) -> None:
@@ -208,6 +345,18 @@ def main() -> None:
     ap.add_argument("--start-only", action="store_true", help="evaluate the preset's starting model (its clone) only")
     ap.add_argument("--out", help="the runs' directory (default runs/learning/<preset>)")
     ap.add_argument("--results", help="also store the result folder here (e.g. docs/results/<name>)")
+    ap.add_argument("--parallel", type=int, default=1, help="points at once, on one shared Ray cluster (default 1)")
+    ap.add_argument(
+        "--time-budget-s",
+        type=float,
+        help="wall seconds for the whole comparison: every trained point at once, each time-limited to what is left",
+    )
+    ap.add_argument(
+        "--reserve-s",
+        type=float,
+        default=120.0,
+        help="seconds a time-limited point keeps for its last step, validation and test (default 120)",
+    )
     ap.add_argument(
         "--keep-checkpoints",
         action="store_true",
@@ -225,15 +374,28 @@ def main() -> None:
         plan += [(m, s, 1) for s in args.seeds for m in methods]  # seed-major: an early stop keeps whole seeds
         plan += [(m, s, 2) for s in args.repeat_seeds for m in (args.repeat_methods or methods)]
     git = git_commit(ROOT)  # the code the runs use (the tree may change while they run)
-    dirs = [
-        run_point(out, m, s, preset["overrides"] + per_method.get(m, []) + extra, args.keep_checkpoints, k)
-        for m, s, k in plan
-    ]
+    dirs = run_plan(
+        out,
+        plan,
+        lambda m: preset["overrides"] + per_method.get(m, []) + extra,
+        args.keep_checkpoints,
+        parallel=args.parallel,
+        time_budget_s=args.time_budget_s,
+        reserve_s=args.reserve_s,
+    )
     failed = [point_name(m, s, k) for (m, s, k), d in zip(plan, dirs) if d is None]
     runs = [load_run(d) for d in dirs if d is not None]
-    tables = learning_tables(runs, split=split)
-    write_tables(out, tables)
-    plot(runs, out / "curves.png")
+    try:
+        tables = learning_tables(runs, split=split)
+        write_tables(out, tables)
+        plot(runs, out / "curves.png")
+    except ImportError as e:  # an air-gapped GPU machine may lack scipy or matplotlib: the runs are what counts
+        print(
+            f"learning: no tables here ({e}); the runs are in {out}: copy them to a result folder's runs/ and "
+            "run scripts/results.py rebuild where scipy and matplotlib are",
+            file=sys.stderr,
+        )
+        tables = None
     if args.results:
         folder = Path(args.results)
         folder.mkdir(parents=True, exist_ok=True)
@@ -254,14 +416,16 @@ def main() -> None:
             split=split,
             failed=failed,
         )
-        write_tables(folder, tables)
-        plot(runs, folder / "curves.png")
+        if tables is not None:
+            write_tables(folder, tables)
+            plot(runs, folder / "curves.png")
     print(json.dumps(tables, indent=1))
-    if failed:
-        print(f"learning: failed points: {failed}", file=sys.stderr)
     print(
         f"learning: {out / 'table.md'}, {out / 'curves.png'}" + (f"; stored in {args.results}" if args.results else "")
     )
+    if failed:
+        print(f"learning: failed points: {failed}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -833,3 +833,28 @@ def test_the_noise_floor_check_refuses_a_teacher_noisier_than_its_signal_and_nam
         check_noise_floor(noisy, 0.5, "rollout.precision=bf16, teacher: scorer.precision=fp32")
     check_noise_floor(noisy, None, "x")  # null: never refuse
     check_noise_floor({"teacher/gap_abs_mean": 0.1}, 0.5, "x")  # no floor measured (noise_floor=false)
+
+
+def test_fake_time_limit_makes_the_step_that_ends_past_it_the_last_one_with_validation_and_final_splits():
+    # trainer.time_limit_s: the first step that ends past the limit is trained, then validated,
+    # evaluated on the final splits and checkpointed like the step total_steps would have been.
+    cfg = make_cfg(lag=0, steps=200)
+    cfg.trainer.val_every, cfg.trainer.val_tasks = 100, 2
+    cfg.trainer.final_val_splits = ["valid_unseen"]
+    cfg.rollout.val_temperatures = [0.0]
+    cfg.trainer.time_limit_s = 0.25
+    worker = SplitWorker(wins="valid_unseen")
+    ctl, history = run(cfg, [worker], FakeLearner(0.1))  # a step takes about 0.1 s
+    assert 2 <= len(history) <= 20 and ctl.state.step == len(history)
+    assert ctl.time_limited
+    assert history[-1]["final/valid_unseen/success"] == 1.0 and "val/success" in history[-1]
+    assert history[-1]["trainer/time_limited"] == 1.0
+    assert all("val/success" not in h and "trainer/time_limited" not in h for h in history[:-1])
+    assert worker.splits.count("valid_unseen") == 2  # the final split once, at the end
+    assert ctl.buffer.in_flight == 0
+
+
+def test_fake_without_a_time_limit_the_run_trains_every_step():
+    cfg = make_cfg(lag=1, steps=5)
+    ctl, history = run(cfg, [FakeWorker(0.0)], FakeLearner(0.0))
+    assert len(history) == 5 and not ctl.time_limited

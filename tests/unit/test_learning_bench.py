@@ -3,8 +3,10 @@ the test split's intervals, the paired differences, the repeats, the result fold
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -30,8 +32,8 @@ def write_run(
     rows[-1]["final/test/success"] = sum(test_won) / len(test_won)
     rows[-1].update(extra or {})
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (d / "summary.json").write_text(json.dumps({"seconds": seconds}))
     step = len(curve) - 1
+    (d / "summary.json").write_text(json.dumps({"seconds": seconds, "steps": step}))
     for tag, won in (("t1", test_won), ("greedy", [1 - w for w in test_won])):  # the second temperature differs
         lines = [
             {"task": i, "task_id": f"k-{i}", "seed": i, "won": bool(w), "reward": float(w), "turns": 1, "error": ""}
@@ -108,6 +110,7 @@ def test_the_table_reads_the_test_split_pairs_seeds_and_keeps_repeats_apart(tmp_
     assert by["hint_distill"]["teacher |gap|"] == "0.600" and by["hint_distill"]["noise |gap|"] == "0.100"
     assert by["hint_distill"]["distill KL"] == "0.0300"
     assert by["grpo"]["valid: start -> end"] == "0.200 -> 0.500"
+    assert by["grpo"]["steps"] == "1" and by["start"]["steps"] == "0"
     assert [list(r) for r in tables["summary"]][1] == [
         "method",
         "runs",
@@ -172,3 +175,61 @@ def test_a_finished_point_loses_its_checkpoints_unless_kept_with_a_fake_train_pr
     assert not any(a.startswith("method=") for a in start)
     bench.run_point(tmp_path, "start", 1, ["+experiment=x", "trainer.val_at_start=false"])
     assert calls[-1][-2:] == ["trainer.total_steps=0", "trainer.val_at_start=false"]  # a test-only start
+
+
+def test_points_side_by_side_join_one_cluster_start_first_and_share_a_time_budget_with_a_fake_train_process(
+    tmp_path, monkeypatch
+):
+    """run_plan around a FAKE scripts/train.py and a FAKE cluster: the start runs alone and first,
+    the trained points overlap (each starts before any other ends: an ordering, not a duration),
+    each joins the cluster, logs to its own train.log and gets the budget left as its time limit."""
+    import threading
+
+    events, lock = [], threading.Lock()
+
+    def fake_run(cmd, cwd, **kw):
+        run_dir = Path(next(a for a in cmd if a.startswith("trainer.run_dir=")).split("=", 1)[1])
+        with lock:
+            events.append(("begin", run_dir.name))
+        assert kw["stdout"].name == str(run_dir / "train.log")
+        time.sleep(0.3)
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/success": 0.5}) + "\n")
+        (run_dir / "summary.json").write_text(json.dumps({"seconds": 0.3, "steps": 2}))
+        with lock:
+            events.append(("end", run_dir.name, cmd))
+        return type("Done", (), {"returncode": 0})()
+
+    @contextlib.contextmanager
+    def fake_cluster(parallel):
+        events.append(("cluster", parallel))
+        yield "10.0.0.1:6379"
+        events.append(("cluster down",))
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    monkeypatch.setattr(bench, "shared_cluster", fake_cluster)
+    plan = [("start", 0, 1), ("grpo", 0, 1), ("hint_distill", 0, 1), ("grpo", 1, 1)]
+    dirs = bench.run_plan(tmp_path, plan, lambda m: [f"+x={m}"], parallel=3, time_budget_s=3600, reserve_s=600)
+    assert [d.name for d in dirs] == ["start_s0", "grpo_s0", "hint_distill_s0", "grpo_s1"]
+    assert events[0] == ("cluster", 3) and events[-1] == ("cluster down",)
+    assert events[1:3] == [("begin", "start_s0"), events[2]] and events[2][:2] == ("end", "start_s0")
+    trained = events[3:-1]
+    assert [e[0] for e in trained] == ["begin"] * 3 + ["end"] * 3  # all three at once
+    for e in (e for e in events if e[0] == "end"):
+        cmd = e[2]
+        assert "cluster.address=10.0.0.1:6379" in cmd
+        limits = [a for a in cmd if a.startswith("trainer.time_limit_s=")]
+        if e[1] == "start_s0":
+            assert limits == []  # the start is evaluated, never trained
+        else:
+            assert [2990 <= float(a.split("=")[1]) <= 3000 for a in limits] == [True]
+    # a budget cannot be shared fairly among points that do not all run at once
+    with pytest.raises(SystemExit, match="--parallel 3"):
+        bench.run_plan(tmp_path / "b", plan, lambda m: [], parallel=2, time_budget_s=60)
+
+
+def test_time_limited_runs_that_stopped_at_different_steps_show_the_range(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs, "grpo_s0", [0.2, 0.4, 0.5], [1, 1, 0, 0])
+    write_run(runs, "grpo_s1", [0.2, 0.6], [1, 1, 1, 0])
+    [row] = results.learning_tables(results.load_runs(tmp_path))["table"]
+    assert row["steps"] == "1-2"

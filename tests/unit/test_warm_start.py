@@ -233,3 +233,75 @@ def test_a_bad_hint_placement_fails_at_launch_naming_the_field():
 
     with pytest.raises(ConfigError, match="warm_start.hint_placement='side'"):
         compose(["warm_start.enabled=true", "warm_start.hint_placement=side"])
+
+
+ORPHAN_SCRIPT = """
+import multiprocessing as mp, os, sys, time
+from pipeline.orchestration.warm_start import die_with_parent
+
+
+def clone():  # stands in for the warm start's _build: busy, never reading its pipe
+    print(os.getpid(), flush=True)
+    time.sleep(120)
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    init = {"initializer": die_with_parent, "initargs": (os.getpid(),)} if sys.argv[1] == "guarded" else {}
+    with ctx.Pool(1, **init) as pool:
+        pool.apply(clone)
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_clone_process_dies_with_the_run_that_was_killed_while_it_cloned(tmp_path, guarded):
+    """The warm start clones in a spawned pool worker. Killed (SIGKILL: no handler runs), the run
+    must not leave it training on as an orphan; without ``die_with_parent`` it does (the control
+    shows the test can fail), and is then killed here."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "run.py"
+    script.write_text(ORPHAN_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    parent = subprocess.Popen(
+        [sys.executable, str(script), "guarded" if guarded else "plain"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+
+    def alive() -> bool:
+        try:
+            return psutil.Process(child).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + (15 if guarded else 3)  # the control: still there after 3 s
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survived = alive()
+    if survived:
+        psutil.Process(child).kill()
+    assert survived != guarded
+
+
+def test_a_build_killed_before_its_cleanup_leaves_no_staging_dir_behind(tmp_path):
+    from pipeline.models.cache import build_lock
+
+    target = tmp_path / "smollm2_135m-search_qa-abc"
+    stale = tmp_path / ".smollm2_135m-search_qa-abc.ppr750p4"  # a killed build's stage
+    other = tmp_path / ".smollm2_135m-keyword-def.x1"  # another target's: maybe being built now
+    for d in (stale, other):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"0" * 64)
+    with build_lock(target):
+        assert not stale.exists() and other.exists()
+        assert (tmp_path / ".smollm2_135m-search_qa-abc.lock").is_file()
