@@ -267,13 +267,17 @@ class Controller(Supervision, Saving, Validation):
             halt = self._count_skip(step, metrics)
             last = step == t.total_steps or self._past_time_limit(step, metrics)
             hurry = self._stop.deadline is not None  # a validation could outlast the grace
-            if t.val_every and (step % t.val_every == 0 or last) and not halt and not hurry:
-                metrics.update(await self._validate(step))
-            if last and not halt:
-                if hurry:
-                    self.final_skipped = True
-                else:
-                    metrics.update(await self._final_validation(step))
+            try:
+                if t.val_every and (step % t.val_every == 0 or last) and not halt and not hurry:
+                    metrics.update(await self._validate(step))
+                if last and not halt:
+                    if hurry:
+                        self.final_skipped = True
+                    else:
+                        metrics.update(await self._final_validation(step))
+            except Exception as error:  # e.g. a rollout worker lost for good mid-validation
+                await self._keep_trained_step(step, metrics, error)
+                raise
             due = (t.ckpt_every and step % t.ckpt_every == 0) or last
             if self.checkpointer is not None and (due or halt or self._stop.is_set()):
                 metrics["time/checkpoint_s"] = await self._save(step)

@@ -1,6 +1,7 @@
 """Checkpoints the controller saves besides the periodic ones: on a stop (within its deadline,
 abandoning a step that cannot finish in time, ``pipeline/orchestration/stopping.py``), after a
-failed weight sync, after a rollout loop failed for good; and the resume hint the error then gives.
+failed weight sync, after a rollout loop failed for good, after a validation that failed; and the
+resume hint the error then gives.
 
 A mixin of ``Controller`` (``pipeline/orchestration/controller.py``): it reads the controller's
 ``cfg``, ``state``, ``events``, ``buffer``, ``checkpointer``, ``_stop``, ``_committed``,
@@ -10,6 +11,7 @@ A mixin of ``Controller`` (``pipeline/orchestration/controller.py``): it reads t
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 from pipeline.core.errors import first_line
@@ -52,6 +54,24 @@ class Saving:
         step = self.state.step
         if self.checkpointer is not None and step > 0 and self._saved_step != step:
             await self._save(step)
+
+    async def _keep_trained_step(self, step: int, metrics: dict[str, float], error: BaseException) -> None:
+        """A validation after step ``step`` failed (a rollout worker Ray will not restart): the step
+        is trained and the learner is fine, so it is logged and checkpointed before the run stops,
+        and ``error`` says where to resume. A failed save leaves the validation's error to report."""
+        self.logger.log(metrics, step)
+        if self.checkpointer is None or self._saved_step == step:
+            return
+        try:
+            await self._save(step)
+        except Exception:
+            return
+        root = getattr(self.checkpointer, "root", None)  # RUN/checkpoints
+        where = root.parent if root is not None else "RUN_DIR"
+        hint = f"checkpoint at step {step}: resume with trainer.resume={where}"
+        error.args = (f"{first_line(error)}; {hint}",)
+        # also said here: some errors (Ray's) print a message of their own, not their args
+        print(f"privy-rl: the validation after step {step} failed; {hint}", file=sys.stderr, flush=True)
 
     async def _checkpoint_after_failed_sync(self, version: int) -> str:
         """Save step ``version`` (trained, not published); says where to resume from. Bounded: a

@@ -858,3 +858,41 @@ def test_fake_without_a_time_limit_the_run_trains_every_step():
     cfg = make_cfg(lag=1, steps=5)
     ctl, history = run(cfg, [FakeWorker(0.0)], FakeLearner(0.0))
     assert len(history) == 5 and not ctl.time_limited
+
+
+def test_fake_a_worker_lost_for_good_during_a_validation_keeps_the_trained_step_in_a_checkpoint(tmp_path):
+    """Step 2 trained, then its validation lost the only worker for good (Ray's max_restarts used
+    up, as when its memory monitor kills it again and again): the run stops naming the cause and
+    where to resume, with step 2 in a checkpoint, though no checkpoint was due (ckpt_every=0)."""
+    from pipeline.orchestration.checkpoint import Checkpointer, load_state, resolve_checkpoint
+
+    class GoneInValidation(DyingWorker):
+        async def run_group(self, **kw):
+            if kw["split"] != "train" and self.calls >= 4:  # a validation, after the 4 training groups of steps 1-2
+                self.die_at = self.calls + 1
+            return await super().run_group(**kw)
+
+        async def revive(self, generation, weights):
+            raise RuntimeError("rollout worker 0 died and Ray will not restart it (cluster.max_restarts used up)")
+
+    class Saver(PacketLearner):
+        async def save(self, d):
+            (tmp_path / "saved").write_text(str(self.version))
+
+    cfg = make_cfg(lag=0, steps=4)
+    cfg.trainer.val_every, cfg.trainer.val_tasks, cfg.trainer.ckpt_every = 2, 2, 0
+    method = build_method({"name": "grpo"}, invalid_action_penalty=0.1)
+    ctl = Controller(
+        cfg,
+        learner=Saver(0.0),
+        workers=[GoneInValidation(0.0, die_at=0)],
+        method=method,
+        logger=MetricsLogger([]),
+        checkpointer=Checkpointer(tmp_path / "run"),
+    )
+    resume = r"max_restarts used up\); checkpoint at step 2: resume with trainer\.resume="
+    with pytest.raises(RuntimeError, match=resume):
+        asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
+    ckpt = resolve_checkpoint(tmp_path / "run")
+    assert ckpt.name == "step_000002" and (tmp_path / "saved").read_text() == "2"
+    assert load_state(ckpt)["controller"]["step"] == 2
