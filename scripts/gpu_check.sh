@@ -248,22 +248,19 @@ learning() {
   rm -rf "$OUT/learning"
   "$PY" scripts/bench/learning.py --preset "$preset" --seeds "${seeds[@]}" --parallel "$parallel" \
     --time-budget-s "$budget" --reserve-s "$reserve" --out "$OUT/learning" || return 1
-  # from the runs themselves: the tables need scipy, which the GPU machine may lack
+  # from the runs themselves (load_run needs no scipy; the tables do, which the GPU machine may lack)
   "$PY" - "$OUT/learning" <<'EOF'
-import json, pathlib, statistics, sys
-by, bad = {}, []
-for d in sorted(p for p in pathlib.Path(sys.argv[1]).iterdir() if (p / "summary.json").exists()):
-    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    test = [r["final/test/success"] for r in rows if "final/test/success" in r]
-    steps = json.loads((d / "summary.json").read_text())["steps"]
-    method = d.name.rsplit("_s", 1)[0]
-    if not test or (method != "start" and steps < 1):
-        bad.append(d.name)
-    by.setdefault(method, []).append((test[-1] if test else float("nan"), steps))
+import pathlib, statistics, sys
+from pipeline.tools.results import load_run
+runs = [load_run(d) for d in sorted(pathlib.Path(sys.argv[1]).iterdir()) if (d / "summary.json").exists()]
+bad = [r for r in runs if r.last("final/test/success") is None or (r.method != "start" and not r.steps)]
+by = {}
+for r in runs:
+    by.setdefault(r.method, []).append(r)
 print("DETAIL: " + "; ".join(
-    f"{m} test {statistics.fmean(t for t, _ in v):.3f} (n={len(v)}, steps {min(s for _, s in v)}-{max(s for _, s in v)})"
-    for m, v in by.items()))
-sys.exit(f"no test number or no step trained: {bad}" if bad else 0)
+    f"{m} test {statistics.fmean(r.last('final/test/success') or 0.0 for r in rs):.3f} (n={len(rs)}, "
+    f"steps {min(r.steps or 0 for r in rs)}-{max(r.steps or 0 for r in rs)})" for m, rs in by.items()))
+sys.exit(f"no test number or no step trained: {[f'{r.method}_s{r.seed}' for r in bad]}" if bad else 0)
 EOF
 }
 phase learning "$([[ $CPU == 1 ]] && echo 150 || echo 1200)" learning
