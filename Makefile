@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 export PRIVY_CACHE ?= $(CURDIR)/.cache/privy-rl
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup setup-dev setup-vllm setup-bench bench-trl bench-rollout model models train train-vllm smoke test test-main test-vllm test-fast lint bench docker-build docker-smoke gpu-check-cpu clean
+.PHONY: setup setup-dev setup-vllm setup-bench bench-trl bench-rollout model models train train-vllm smoke test test-main test-extended test-vllm test-fast lint bench docker-build docker-smoke gpu-check-cpu clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -72,6 +72,12 @@ train: model
 train-vllm: $(VLLM_STAMP) model
 	$(VLLM_VENV)/bin/python scripts/train.py rollout=vllm $(ARGS)
 
+# `make train`'s command (TRAIN=, ARGS=) and this machine checked, nothing trained: the config,
+# the venvs, engines, model files, YAML files, CPU and precision, Ray, the actors it would start.
+.PHONY: doctor
+doctor: setup
+	$(BIN)/python scripts/train.py --check $(TRAIN) $(ARGS)
+
 # Two training steps with the tiny model on the keyword task.
 smoke: models
 	$(BIN)/python scripts/train.py model=tiny env=keyword trainer.total_steps=2 \
@@ -86,16 +92,21 @@ lint: $(DEV_STAMP)
 	$(BIN)/ruff format --check .
 
 test-main: $(DEV_STAMP) models
-	$(BIN)/python -m pytest -q --ignore=tests/vllm_engine $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not extended" --ignore=tests/vllm_engine $(PYTEST_ARGS)
+
+# The long runs and multi-node cluster faults (`extended` marker, 20.5 min at 59e0ee4): CI runs them after
+# `make test`; left out of it so that `make test` stays under 45 minutes on 2 cores.
+test-extended: $(DEV_STAMP) models
+	$(BIN)/python -m pytest -q -m extended --ignore=tests/vllm_engine $(PYTEST_ARGS)
 
 test-vllm: $(VLLM_STAMP) models
 	PRIVY_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q tests/vllm_engine $(PYTEST_ARGS)
 
 test-fast: $(DEV_STAMP) models
-	$(BIN)/python -m pytest -q -m "not slow" --ignore=tests/vllm_engine $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not slow and not extended" --ignore=tests/vllm_engine $(PYTEST_ARGS)
 
 bench: model
-	$(BIN)/python scripts/bench/pipeline.py $(ARGS)
+	$(BIN)/python scripts/bench/sync_async.py $(ARGS)
 
 # privy-rl vs TRL's GRPOTrainer on the same workload, one invocation (scripts/bench/vs_trl.py).
 bench-trl: $(BENCH_STAMP) model

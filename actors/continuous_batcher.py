@@ -116,10 +116,19 @@ class ContinuousBatcher:
             return self.score(items, temperature=temperature)
         return [lp for lp, _ in results], versions.pop() if versions else self.engine.version
 
-    def score_on_support(self, items, plain, k: int, *, temperature: float, micro_batch_tokens=None):
-        raise NotImplementedError(
-            "vLLM's prompt log-probs are the teacher's own top-k, not given ids: method.estimator=topk_rkl "
-            "needs the HF engine (refused at launch)"
+    def score_teacher(self, items, plain, needs, *, temperature: float, micro_batch_tokens=None):
+        """``score`` of the items and the plain items together, as a ``TeacherOutput``: vLLM's
+        prompt log-probs give the sampled tokens only (a whole-distribution need is refused at launch)."""
+        from pipeline.core.types import TeacherOutput
+
+        if needs.whole_distribution:
+            raise NotImplementedError(
+                "vLLM's prompt log-probs are the sampled tokens' only: a top-k support or a channel of "
+                "the teacher's distribution needs the HF engine (refused at launch)"
+            )
+        lps, version = self.score(list(items) + list(plain), temperature=temperature)
+        return TeacherOutput(
+            logprobs=lps[: len(items)], plain_logprobs=lps[len(items) :] if plain else None, version=version
         )
 
     def close(self) -> None:

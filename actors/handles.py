@@ -10,47 +10,27 @@ import asyncio
 import math
 import time
 
+from actors.learner_loss import actor_id, learner_failure
 from pipeline.algorithm.metrics import combine, values
-from pipeline.core.errors import first_line
+from pipeline.core.errors import ActorDied, LearnerHung, LearnerLost, WeightsLost, first_line
 from pipeline.core.microbatch import split_rows
 from pipeline.core.types import TrainBatch
 from pipeline.distributed.weight_sync import WeightSyncError
 
-
 # ----- actors Ray restarts -----------------------------------------------------------------------
-class ActorDied(RuntimeError):
-    """The process of a restartable actor died while a call was in flight (``cluster.max_restarts``:
-    Ray starts a new one). ``generation`` is the handle's at the call's start: ``revive`` restores
-    the actor once per death, however many callers saw it."""
-
-    def __init__(self, handle, generation: int, cause: BaseException):
-        super().__init__(f"{handle.name} died ({type(cause).__name__}: {first_line(cause)})")
-        self.handle, self.generation, self.cause = handle, generation, cause
 
 
-class LearnerHung(RuntimeError):
-    """A learner call (a training step, a publish, a checkpoint save) got no answer within
-    ``learner.call_timeout_s``: the message names who did not answer."""
-
-
-NODE_DEATH_WAIT_S = 30.0  # how long a lost learner's node may take to be reported dead
-
-
-class LearnerLost(RuntimeError):
-    """A learner rank's process died (alone, or with its node): its weights and optimizer state
-    are gone, so the run stops; the controller adds where to resume from."""
-
-
-class WeightsLost(RuntimeError):
-    """Raised by a consumer asked to work with weights older than the last published ones: a
-    process Ray restarted while it was idle (no call in flight saw the death) holds the initial
-    weights. Treated as a death: revived, then the work is done again."""
-
-
-def _is_death(e: BaseException) -> bool:
+def _is_death(e: BaseException, actor=None) -> bool:
+    """Whether ``e`` says that ``actor`` died. A call whose argument another actor failed to
+    make (a weight packet of a learner that died) fails with THAT actor's death: not this one's."""
     import ray.exceptions as rx
 
-    return isinstance(e, (rx.RayActorError, WeightsLost))
+    if isinstance(e, WeightsLost):
+        return True
+    if not isinstance(e, rx.RayActorError):
+        return False
+    mine = actor_id(actor)
+    return e.actor_id is None or mine is None or e.actor_id == mine
 
 
 class Restartable:
@@ -72,7 +52,7 @@ class Restartable:
         try:
             return await getattr(self.actor, method).remote(*a, **kw)
         except Exception as e:
-            if _is_death(e):
+            if _is_death(e, self.actor):
                 raise ActorDied(self, gen, e) from e
             raise
 
@@ -151,16 +131,10 @@ class RayRollout(Restartable):
     async def run_group(self, **kw):
         return await self._call_within(self.group_timeout_s, "rollout.group_timeout_s", "run_group", **kw)
 
-    async def score(self, items, min_version: int, micro_batch_tokens: int | None, timeout_s: float = 0.0):
+    async def score(self, items, plain, needs, min_version: int, micro_batch_tokens, timeout_s: float = 0.0):
         """The self-teacher's forward on this worker's engine (scorer.placement=engine)."""
-        return await self._call_within(timeout_s, "scorer.timeout_s", "score", items, min_version, micro_batch_tokens)
-
-    async def score_on_support(
-        self, items, plain, k: int, min_version: int, micro_batch_tokens, timeout_s: float = 0.0
-    ):
-        """The self-teacher on the student's support, on this worker's engine (estimator topk_rkl)."""
         return await self._call_within(
-            timeout_s, "scorer.timeout_s", "score_on_support", items, plain, k, min_version, micro_batch_tokens
+            timeout_s, "scorer.timeout_s", "score", items, plain, needs, min_version, micro_batch_tokens
         )
 
     async def sleep(self) -> None:
@@ -217,22 +191,7 @@ class LearnerGroup:
         return [t.result() for t in tasks.values()]
 
     async def _lost(self, who: str, e: BaseException) -> BaseException:
-        """A learner rank's death as ``LearnerLost`` naming the rank and whether its node went
-        with it (Ray reports a lost node a few seconds after the calls into it fail); any other
-        error as it is."""
-        import ray
-        import ray.exceptions as rx
-
-        if not (isinstance(e, rx.RayActorError) and who.startswith("learner rank ") and self.node_ids):
-            return e
-        node = self.node_ids[int(who.rsplit(" ", 1)[1])]
-        gone, t0 = False, time.monotonic()
-        while not gone and time.monotonic() - t0 < NODE_DEATH_WAIT_S:
-            gone = not any(n["NodeID"] == node and n["Alive"] for n in ray.nodes())
-            if not gone:
-                await asyncio.sleep(1.0)
-        where = f"with its node {node}" if gone else f"(its node {node} is still up: the process ended)"
-        return LearnerLost(f"{who} died {where}: {first_line(e)[:300]}; stopping the run")
+        return await learner_failure(who, e, self.ranks, self.node_ids)
 
     def _hung(self, what: str) -> LearnerHung:
         return LearnerHung(
@@ -242,8 +201,10 @@ class LearnerGroup:
 
     @staticmethod
     def _consumers(workers: list, scorer) -> list:
-        """Who receives weights: every rollout worker, and the scorer if it is the self-teacher."""
-        return [*workers, *([scorer] if scorer is not None and scorer.wants_weights else [])]
+        """Who receives weights: every rollout worker, and the teacher's own copy of the policy
+        (``TeacherScorer.consumer``: a scorer actor that follows the policy), if there is one."""
+        consumer = scorer.consumer if scorer is not None else None
+        return [*workers, *([consumer] if consumer is not None else [])]
 
     async def init_weight_group(
         self, workers: list, scorer=None, *, backend: str = "auto", bucket_mb: int = 256, timeout_s: float | None = None
@@ -351,6 +312,10 @@ class LearnerGroup:
         for t in pending:  # the run stops: nothing waits for the rest
             t.cancel()
         failed = [(n, t.exception()) for n, t in zip(names, tasks) if t in done and t.exception() is not None]
+        for name, err in failed:  # a learner rank that died: the broadcast cannot be repeated
+            lost = await self._lost(name, err)
+            if isinstance(lost, LearnerLost):
+                raise lost
         died = [err for _, err in failed if isinstance(err, ActorDied)]
         if died:  # the learner's broadcast failed with it: the controller re-forms the group and retries
             raise died[0]

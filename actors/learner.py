@@ -2,7 +2,7 @@
 
 Method-blind: it runs the policy loss (PPO clip + dual clip, with the configured off-policy
 correction), the entropy bonus, an optional k3 KL to the frozen initial policy, and whatever
-auxiliary terms the batch carries (looked up by kind: ``pipeline.algorithm.losses.aux_loss``). It never
+auxiliary terms the batch carries (looked up by kind: ``pipeline.algorithm.aux_losses.aux_loss``). It never
 knows which method built the batch.
 
 One ``train_step`` is one optimizer step per mini-batch. Inside a mini-batch the rows are cut into
@@ -26,22 +26,25 @@ from pathlib import Path
 
 import torch
 
+from actors.learner_memory import memory_breakdown, rss_peak_gb
 from actors.learner_setup import copy_tokenizer, ds_config, lr_lambda
-from actors.learner_weights import WeightSource
+from actors.learner_weights import WeightSource, check_finite
 from pipeline.algorithm.logprobs import forward_response
-from pipeline.algorithm.losses import (
-    AUX_NEEDS_LOGITS,
-    AUX_NEEDS_TEACHER_FORWARD,
-    LossInputs,
-    aux_loss,
-    entropy_bonus,
-    kl_to_reference,
-    policy_loss,
-)
-from pipeline.algorithm.metrics import Metrics, Reduce, Stat, combine, mean, reduce_micro_batches, to_report
+from pipeline.algorithm.metrics import Metrics, Reduce, Stat, combine, reduce_micro_batches, to_report
+from pipeline.algorithm.objective import denominators, micro_batch_objective
+from pipeline.algorithm.shared_prefix import carried_tokens, forward_shared
 from pipeline.core.config import LearnerConfig
 from pipeline.core.hardware import choose_precision
-from pipeline.core.microbatch import null_micro_batch, padded_tokens, sort_by_length, split_by_tokens, to_device
+from pipeline.core.microbatch import (
+    null_micro_batch,
+    padded_tokens,
+    prefix_runs,
+    slice_rows,
+    sort_by_length,
+    sort_by_tokens,
+    split_by_tokens,
+    to_device,
+)
 from pipeline.core.types import TrainBatch
 
 
@@ -110,7 +113,13 @@ class LearnerWorker(WeightSource):
         if self.cfg.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
             self.ref_model.eval().requires_grad_(False).to(self.device)  # beside the policy
+        self._rss_start = rss_peak_gb()  # the model and optimizer loaded, before any step
         return {"learner/setup_seconds": time.time() - t0}
+
+    @property
+    def _forward(self):
+        """Rows through their shared prefixes (``learner.shared_tokens``), else as given."""
+        return forward_shared if self.cfg.unpadded and self.cfg.shared_tokens else forward_response
 
     @property
     def module(self) -> torch.nn.Module:
@@ -131,7 +140,12 @@ class LearnerWorker(WeightSource):
         same number. They agree on the largest count and pad with null micro-batches: one row with
         no response token, whose loss is exactly 0 (zero gradients, the collectives still run).
         """
-        mbs = split_by_tokens(batch, self.cfg.micro_batch_tokens)
+        if self.cfg.unpadded and self.cfg.shared_tokens:
+            mbs = [slice_rows(batch, a, b) for a, b in prefix_runs(batch, self.cfg.shared_tokens)]
+        elif self.cfg.unpadded:
+            mbs = [slice_rows(batch, i, i + 1) for i in range(batch.n_rows)]
+        else:
+            mbs = split_by_tokens(batch, self.cfg.micro_batch_tokens)
         n_real = len(mbs)
         if self.world_size > 1:
             n_max = int(self._all_reduce(torch.tensor(n_real, device=self.device), "max"))
@@ -145,14 +159,7 @@ class LearnerWorker(WeightSource):
         row = 0
         mbs, n_real = self._micro_batches(batch)
         for i, mb in enumerate(mbs):
-            fw = forward_response(
-                self.module,
-                mb.input_ids,
-                mb.attention_mask,
-                mb.response_mask,
-                temperature=self.temperature,
-                with_entropy=False,
-            )
+            fw = self._read(mb.input_ids, mb.attention_mask, mb.response_mask)
             if i < n_real:
                 out[row : row + mb.n_rows, : mb.input_ids.shape[1]] = fw.logprobs
                 row += mb.n_rows
@@ -164,7 +171,10 @@ class LearnerWorker(WeightSource):
         t0 = time.time()
         self.module.train()
         # Rollout workers send CPU tensors; the forward runs where the weights are.
-        minibatches = [sort_by_length(to_device(mb, self.device)) for mb in minibatches]
+        # rows that share a prefix next to each other (their micro-batches forward it once), or
+        # padded micro-batches of rows of like length
+        order = sort_by_tokens if self.cfg.unpadded and self.cfg.shared_tokens else sort_by_length
+        minibatches = [order(to_device(mb, self.device)) for mb in minibatches]
         self._carried, self._skipped = [0, 0], 0
         # Proximal log-probs = the weights before the step's first update. The first mini-batch
         # takes them from its own forward; later ones need a no-grad pass now, when the decoupled
@@ -178,101 +188,48 @@ class LearnerWorker(WeightSource):
         out["learner/seconds"] = (time.time() - t0, Reduce.MAX)
         out["learner/lr"] = (float(self.engine.get_lr()[0]), Reduce.FIRST)
         out["learner/padding_frac"] = (1.0 - self._carried[0] / max(self._carried[1], 1), Reduce.MAX)
+        # what the training forwards carried: real tokens (prompt + response) and padding, apart
+        out["learner/forwarded_tokens"] = (float(self._carried[0]), Reduce.SUM)
+        out["learner/padding_tokens"] = (float(self._carried[1] - self._carried[0]), Reduce.SUM)
+        for kind, gb in self._memory.items():
+            out[f"learner/memory/{kind}_gb"] = (gb, Reduce.MAX)
+        out["learner/memory/rss_start_gb"] = (self._rss_start, Reduce.MAX)
         # Optimizer updates discarded for non-finite gradients (the ranks always agree).
         out["learner/skipped_updates"] = (float(self._skipped), Reduce.FIRST)
         return out
 
     def _minibatch(self, batch: TrainBatch, prox_lp: torch.Tensor | None) -> tuple[dict[str, tuple[float, str]], float]:
         """One optimizer step over ``batch``; returns its metrics and its token count (all ranks)."""
-        cfg = self.cfg
-        # token_mean's denominator: tokens of the whole mini-batch over all ranks (with the rows
-        # left out for a zero loss), divided by the world size because DeepSpeed averages
-        # gradients across ranks.
-        mask_sum = batch.response_mask.sum()
-        # Rows outside a "policy_mask" (demonstrations) are no policy's samples: the policy term,
-        # the entropy bonus and the reference KL leave them out of sum and denominator alike.
-        policy_sum = (batch.response_mask * batch.aux["policy_mask"]).sum() if "policy_mask" in batch.aux else mask_sum
-        extra = mask_sum.new_tensor(batch.extra_loss_tokens)
-        counts = self._all_reduce(torch.stack([mask_sum, extra, policy_sum]), "sum")
-        n_global = counts[0] + counts[1]
-        n_total = n_global / self.world_size
-        n_policy = (counts[2] + counts[1]) / self.world_size
-        kept = (counts[2] / (counts[2] + counts[1])).clamp_min(1e-12)  # the entropy metric: over the kept tokens
-        needs_logits = any(t.kind in AUX_NEEDS_LOGITS for t in batch.aux_terms)
-        needs_teacher = any(t.kind in AUX_NEEDS_TEACHER_FORWARD for t in batch.aux_terms)
+        den = denominators(batch, lambda x: self._all_reduce(x, "sum"), self.world_size)
         parts: dict[str, list[Metrics]] = defaultdict(list)  # metric prefix -> per-micro-batch metrics
         row, nonfinite = 0, 0
         mbs, n_real = self._micro_batches(batch)
-        real, padded = padded_tokens(mbs[:n_real])
+        if self._forward is forward_shared:  # no padding, each shared prefix once
+            real = padded = sum(
+                carried_tokens(mb.input_ids, mb.attention_mask, mb.response_mask) for mb in mbs[:n_real]
+            )
+        else:
+            real, padded = padded_tokens(mbs[:n_real])
         self._carried = [self._carried[0] + real, self._carried[1] + padded]
         for i, mb in enumerate(mbs):
-            self._begin_forward()
-            fw = forward_response(
-                self.module,
-                mb.input_ids,
-                mb.attention_mask,
-                mb.response_mask,
-                temperature=self.temperature,
-                with_entropy=True,
-                with_logits=needs_logits,
-            )
-            lp, mask = fw.logprobs, mb.response_mask
-            pmask = mask * mb.aux["policy_mask"] if "policy_mask" in mb.aux else mask
-            t = mb.input_ids.shape[1]
-            if prox_lp is None or i >= n_real:
-                proximal = lp.detach()
-            else:
-                proximal = prox_lp[row : row + mb.n_rows, :t]
+            proximal = None  # the forward's own log-probs (the first mini-batch, a null micro-batch)
+            if prox_lp is not None and i < n_real:
+                proximal = prox_lp[row : row + mb.n_rows, : mb.input_ids.shape[1]]
                 row += mb.n_rows
-            pg, m = policy_loss(
-                lp,
-                mb.behaviour_logprobs,
-                mb.advantages,
-                pmask,
-                n_policy,
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
-                dual_clip=cfg.dual_clip,
-                correction=cfg.correction,
-                proximal_logprobs=proximal,
-                behaviour_cap=cfg.behaviour_cap,
+            self._begin_forward()
+            loss, mb_parts = micro_batch_objective(
+                self.module,
+                mb,
+                den,
+                self.cfg,
+                temperature=self.temperature,
+                proximal=proximal,
+                ref_model=self.ref_model,
+                teacher_logits=self._teacher_logits,
+                forward=self._forward,
             )
-            loss = batch.policy_loss_coef * pg
-            ent, em = entropy_bonus(fw.entropy, pmask, n_policy)
-            m.update({k: Stat(v.value / kept, v.reduce) for k, v in em.items()})
-            loss = loss - batch.entropy_coef * ent
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref = forward_response(
-                        self.ref_model,
-                        mb.input_ids,
-                        mb.attention_mask,
-                        mask,
-                        temperature=self.temperature,
-                        with_entropy=False,
-                    ).logprobs
-                kl, km = kl_to_reference(lp, ref, pmask, n_policy)
-                loss = loss + cfg.kl_coef * kl
-                m.update({f"ref_{k}": v for k, v in km.items()})
-            parts["policy"].append(m)
-            inputs = LossInputs(
-                logprobs=lp,
-                mask=mask,
-                n_tokens_total=n_total,
-                proximal_logprobs=proximal,
-                input_ids=mb.input_ids,
-                teacher_logprobs=mb.aux.get("teacher_logprobs"),
-                distill_mask=mb.aux.get("distill_mask"),
-                student_logits=fw.logits,
-                teacher_logits=self._teacher_logits(mb) if needs_teacher else None,
-                topk_ids=mb.aux.get("topk_ids"),
-                topk_teacher_logprobs=mb.aux.get("topk_teacher_logprobs"),
-            )
-            for term in batch.aux_terms:
-                term_loss, am = aux_loss(inputs, term)
-                loss = loss + term.coef * term_loss
-                parts[term.name].append(am)
-            parts["learner"].append({"loss": mean(loss)})
+            for prefix, m in mb_parts.items():
+                parts[prefix].append(m)
             if not torch.isfinite(loss.detach()):
                 # NaN * anything is NaN: every gradient of the update becomes NaN, so the invalid
                 # norm discards the whole update on every rank (DeepSpeed's own check or ours).
@@ -282,7 +239,10 @@ class LearnerWorker(WeightSource):
         # Without ZeRO, DeepSpeed clips but does not record the norm: measure it before the step
         # (with several ZeRO-0 ranks this is rank 0's norm before the all-reduce).
         pre_norm = self._local_grad_norm() if self.cfg.zero_stage == 0 else None
+        grads_gb = memory_breakdown(self.engine)["gradients"]  # before the update frees them
         applied = self._optimizer_step(pre_norm)
+        # where this rank's memory went (the optimizer's state exists from the first update on)
+        self._memory = {**memory_breakdown(self.engine), "gradients": grads_gb}
         self.version += 1  # a skipped update is still a step: versions count training steps
         out: Metrics = {f"{prefix}/{k}": v for prefix, ms in parts.items() for k, v in reduce_micro_batches(ms).items()}
         gn = self.engine.get_global_grad_norm()
@@ -291,7 +251,7 @@ class LearnerWorker(WeightSource):
             out["learner/grad_norm"] = Stat(float(gn), Reduce.FIRST)
         self._skipped += 0 if applied else 1
         out["learner/nonfinite_microbatches"] = Stat(float(nonfinite), Reduce.SUM)
-        return to_report(out), float(n_global)
+        return to_report(out), float(den.total * self.world_size)
 
     def _optimizer_step(self, pre_norm: float | None) -> bool:
         """The update, unless the gradients are not finite: then no parameter or optimizer state
@@ -327,16 +287,13 @@ class LearnerWorker(WeightSource):
         """Teacher = current weights on the privileged prompt, stop-gradient (estimator ``full``)."""
         if mb.teacher_input_ids is None:
             raise ValueError("an aux term of kind full_kl needs teacher_input_ids in the batch")
-        fw = forward_response(
-            self.module,
-            mb.teacher_input_ids,
-            mb.teacher_attention_mask,
-            mb.teacher_response_mask,
-            temperature=self.temperature,
-            with_entropy=False,
-            with_logits=True,
+        return self._read(mb.teacher_input_ids, mb.teacher_attention_mask, mb.teacher_response_mask, True).logits
+
+    def _read(self, ids: torch.Tensor, attn: torch.Tensor, resp: torch.Tensor, with_logits: bool = False):
+        """The current weights' forward over rows, no entropy (the no-grad reads of a step)."""
+        return self._forward(
+            self.module, ids, attn, resp, temperature=self.temperature, with_entropy=False, with_logits=with_logits
         )
-        return fw.logits
 
     def _all_reduce(self, x: torch.Tensor, op: str) -> torch.Tensor:
         """``x`` reduced over the data-parallel ranks (``op``: sum | max); ``x`` at world size 1."""
@@ -349,14 +306,17 @@ class LearnerWorker(WeightSource):
 
     # ----- checkpoint ----------------------------------------------------------------------------
     def save_checkpoint(self, ckpt_dir: str, *, hf: bool = True) -> None:
-        """DeepSpeed state (model, optimizer, scheduler) + an HF-format model for transformers."""
+        """DeepSpeed state (model, optimizer, scheduler) + an HF-format model for transformers.
+        The weights are gathered (and checked finite) before anything is written."""
         path = Path(ckpt_dir)
+        # ZeRO-3: every rank must take part in the gather; other ranks check their full copy
+        sd = self.state_dict_for_sync() if self.rank == 0 or self.cfg.zero_stage == 3 else None
+        if sd is None:
+            check_finite(self.module.state_dict(), f"the weights after step {self.version}")
         self.engine.save_checkpoint(str(path / "deepspeed"), tag="state", client_state={"version": self.version})
-        if hf and (self.rank == 0 or self.cfg.zero_stage == 3):
-            sd = self.state_dict_for_sync()  # ZeRO-3: every rank must take part in the gather
-            if self.rank == 0:
-                self.module.save_pretrained(str(path / "hf"), state_dict=sd, safe_serialization=True)
-                copy_tokenizer(self.model_path, path / "hf")
+        if hf and self.rank == 0:
+            self.module.save_pretrained(str(path / "hf"), state_dict=sd, safe_serialization=True)
+            copy_tokenizer(self.model_path, path / "hf")
 
     def load_checkpoint(self, ckpt_dir: str) -> int:
         _, client = self.engine.load_checkpoint(str(Path(ckpt_dir) / "deepspeed"), tag="state")

@@ -3,9 +3,10 @@ plain ``LearnerWorker`` (``actors/learner.py``)."""
 
 from __future__ import annotations
 
+import inspect
+
 from actors.learner import LearnerWorker
 from actors.learner_setup import init_process_group_env
-from pipeline.core.config import LearnerConfig
 from pipeline.core.hardware import hardware_info, set_threads
 from pipeline.core.types import TrainBatch
 
@@ -21,28 +22,14 @@ class LearnerActor:
     ``master_addr`` at construction instead and sets itself up at once.
     """
 
-    def __init__(
-        self,
-        cfg: LearnerConfig,
-        model_path: str,
-        *,
-        temperature: float,
-        total_steps: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        master_addr: str | None = None,
-        threads: int | None = None,
-    ):
-        self._args = dict(
-            cfg=cfg,
-            model_path=model_path,
-            temperature=temperature,
-            total_steps=total_steps,
-            rank=rank,
-            world_size=world_size,
-            seed=seed,
-        )
+    def __init__(self, *worker_args, master_addr: str | None = None, threads: int | None = None, **worker_kwargs):
+        """``worker_args`` / ``worker_kwargs``: the ``LearnerWorker``'s own (cfg, model_path,
+        temperature, total_steps, rank, world_size, seed), kept for ``setup``."""
+        # Bound now, so that a wrong argument fails at construction, not in setup() on the cluster.
+        bound = inspect.signature(LearnerWorker).bind(*worker_args, **worker_kwargs)
+        bound.apply_defaults()
+        self._args = dict(bound.arguments)
+        world_size = self._args["world_size"]
         self.worker: LearnerWorker | None = None
         self.threads = set_threads(threads)
         self._store = None  # rank 0: the process group's store, bound by node_address
@@ -83,15 +70,7 @@ class LearnerActor:
             store = join_store(master_addr, master_port, _RENDEZVOUS_TIMEOUT_S)
         init_process_group_env(a["rank"], a["world_size"], master_addr, store)
         self.threads = set_threads(self.threads)  # the process group setup may have reset it
-        self.worker = LearnerWorker(
-            a["cfg"],
-            a["model_path"],
-            temperature=a["temperature"],
-            total_steps=a["total_steps"],
-            rank=a["rank"],
-            world_size=a["world_size"],
-            seed=a["seed"],
-        )
+        self.worker = LearnerWorker(**a)
         self.worker.setup()
         return self.worker.version
 

@@ -95,4 +95,35 @@ def init_process_group_env(rank: int, world_size: int, master_addr: str, store) 
     torch.distributed.init_process_group(
         backend, store=store, rank=rank, world_size=world_size, timeout=default_pg_timeout
     )
+    if not cuda:
+        clear_stale_build_lock(_extension_dir("deepspeed_shm_comm"))
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # adopts the group
+
+
+# DeepSpeed's CPU collectives JIT-build an op the first time, under torch's FileBaton lock; a
+# process killed mid-build leaves the lock behind and every later learner waits on it forever
+# (seen here: a machine restarted during a test run hung the next one's learner setup). The
+# build takes about a minute on 2 cores, so a lock this much older has no builder left.
+STALE_LOCK_S = 600.0
+
+
+def _extension_dir(name: str) -> Path:
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory(name, verbose=False))
+
+
+def clear_stale_build_lock(build_dir: Path, *, max_age_s: float = STALE_LOCK_S, now: float | None = None) -> bool:
+    """Remove ``build_dir/lock`` when it is older than ``max_age_s`` (saying so); True if removed."""
+    import time
+
+    lock = Path(build_dir) / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < max_age_s:
+        return False
+    print(f"privy-rl: removing {lock}, left {age:.0f} s ago by a build that never finished", flush=True)
+    lock.unlink(missing_ok=True)
+    return True

@@ -9,17 +9,34 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.core.errors import NonFiniteWeights
+
+
+def check_finite(sd: dict[str, torch.Tensor], what: str) -> None:
+    """Raise NonFiniteWeights naming how many tensors of ``sd`` hold NaN or inf (and the first
+    few): such weights must never leave the learner, be saved or marked latest."""
+    bad = [k for k, v in sd.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise NonFiniteWeights(
+            f"{what}: {len(bad)} of {len(sd)} weight tensors hold NaN or inf ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}) although the update's loss and gradients were finite; "
+            "they are not published or saved"
+        )
+
 
 class WeightSource:
     def state_dict_for_sync(self, device: str | torch.device = "cpu", copy: bool = True) -> dict[str, torch.Tensor]:
         """Full fp32 weights on ``device`` (consolidated under ZeRO-3), rank 0 only. Under ZeRO-3
         every rank must call it (the gather is collective). ``copy=False`` may return the live
-        parameters themselves (fine for a read-only use such as a broadcast)."""
+        parameters themselves (fine for a read-only use such as a broadcast). Every sync and save
+        goes through here, so weights that are not finite stop here (NonFiniteWeights)."""
         if self.cfg.zero_stage == 3:
             sd = self.engine._zero3_consolidated_16bit_state_dict()
         else:
             sd = self.module.state_dict()
-        return {k: v.detach().to(device, copy=copy) for k, v in (sd or {}).items()}
+        out = {k: v.detach().to(device, copy=copy) for k, v in (sd or {}).items()}
+        check_finite(out, f"the weights after step {self.version}")
+        return out
 
     # Collective route (pipeline/distributed/collective_sync.py): rank 0 is rank 0 of a weight group of its
     # own; the consumers (rollout workers, a self-teacher scorer) are ranks 1..N.

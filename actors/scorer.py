@@ -1,15 +1,17 @@
-"""The teacher scorer: log-probs of the sampled response tokens under a privileged prompt.
+"""The teacher scorer: what a signal needs of the teacher at the sampled response tokens, under a
+privileged prompt.
 
-``TeacherScorerWorker`` (plain class; ``ray.remote`` makes it an actor) holds the teacher weights:
-the policy itself, kept in sync like a rollout worker (``source=self``), or a frozen checkpoint
-(``source=frozen``). ``score`` runs ONE no-grad forward per micro-batch (token budget) over
-``privileged prompt + response`` and returns the teacher log-prob of every response token, at the
-rollout temperature, with the LM head applied only at response positions.
+``TeacherScorerWorker`` (plain class; ``ray.remote`` makes it an actor) holds teacher weights of
+its own: the policy, kept in sync like a rollout worker, or a frozen checkpoint. ``score`` runs ONE
+no-grad forward per micro-batch (token budget) over ``privileged prompt + response`` and returns
+the teacher's log-prob of every response token at the rollout temperature (with the LM head
+applied only at response positions), and whatever else the signal's ``TeacherNeeds`` ask.
 
 ``TeacherScorer`` is the driver-side handle the controller awaits: it asks the method's
 ``TeacherSpec`` which rows to score and its context provider for their privileged prompts
 (``pipeline.context.providers``; one provider on the driver, so UCB statistics are central),
-calls the worker, and fills ``TurnRecord.teacher_logprobs`` / ``teacher_version``.
+hands them to its route (``ActorRoute``: such an actor; ``EngineRoute``: the rollout engine that
+played them), and fills the records (``TurnRecord.teacher_logprobs``, ``teacher_version``, ...).
 """
 
 from __future__ import annotations
@@ -18,16 +20,18 @@ import time
 
 import torch
 
-from actors.handles import Restartable, WeightsLost
-from pipeline.algorithm.logprobs import score_responses
+from actors.handles import Restartable
+from pipeline.algorithm.logprobs import score_teacher
 from pipeline.context.prompts import TeacherPrompts
 from pipeline.context.providers import TeacherSpec
+from pipeline.core.errors import WeightsLost
 from pipeline.core.hardware import choose_precision, hardware_info, set_threads
-from pipeline.core.types import EpisodeGroup
+from pipeline.core.types import EpisodeGroup, TeacherNeeds, TeacherOutput
+from pipeline.distributed.collective_sync import WeightGroupMember
 from pipeline.distributed.weight_sync import WeightPacket, verify
 
 
-class TeacherScorerWorker:
+class TeacherScorerWorker(WeightGroupMember):
     """``engine="hf"``: the teacher is an HF model and ``score`` one no-grad forward per
     micro-batch. ``engine="vllm"`` (``scorer.engine=vllm``): the teacher is a ``VLLMEngine`` of
     this actor's own, scoring with ``prompt_logprobs`` (temperature 1 only), as an inference
@@ -97,100 +101,88 @@ class TeacherScorerWorker:
         self._load(packet.state_dict, packet.version)
         return self.version
 
-    # Collective route (pipeline/distributed/collective_sync.py): same contract as set_weights.
-    def init_weight_group(
-        self,
-        host: str,
-        port: int,
-        rank: int,
-        world_size: int,
-        backend: str,
-        meta,
-        bucket_bytes: int,
-        timeout_s: float | None = None,
-    ) -> int:
-        from pipeline.distributed.collective_sync import WeightReceiver
-
-        self._receiver = WeightReceiver(host, port, rank, world_size, backend, meta, bucket_bytes, timeout_s)
-        return rank
-
+    # Collective route: ``init_weight_group`` (WeightGroupMember) and ``receive_weights``, same
+    # contract as set_weights.
     def receive_weights(self, version: int) -> int:
         """Receive, check (raises WeightSyncError, loading nothing), then load."""
-        if getattr(self, "_receiver", None) is None:  # a process Ray restarted: not in the group yet
-            raise WeightsLost(
-                f"the teacher scorer is not in the weight group (a restarted process); "
-                f"weights v{version} cannot reach it"
-            )
-        self._load(self._receiver.receive(version), version)
+        self._load(self._receive_weights_dict(version, "the teacher scorer"), version)
         return self.version
 
-    def score(self, items: list[tuple[list[int], list[int]]], min_version: int = 0) -> tuple[list[list[float]], int]:
-        """``items`` = (privileged prompt ids, response ids); returns per-token log-probs and the
-        weights version that scored them. Raises WeightsLost below ``min_version`` (a self-teacher
-        Ray restarted: it holds the initial weights)."""
+    def score(self, items, plain, needs: TeacherNeeds, min_version: int = 0) -> TeacherOutput:
+        """``items`` = (privileged prompt ids, response ids), ``plain`` the same responses after the
+        student's prompts (or none); all the signal ``needs`` of the teacher, with the weights
+        version that scored it. Raises WeightsLost below ``min_version`` (a self-teacher Ray
+        restarted: it holds the initial weights)."""
         if self.version < min_version:
             raise WeightsLost(
                 f"the teacher scorer holds weights v{self.version}, v{min_version} "
                 f"were published: its process was restarted"
             )
+        kw = {"temperature": self.temperature, "micro_batch_tokens": self.micro_batch_tokens}
         if self.engine is not None:
-            return self.engine.score(items, temperature=self.temperature), self.version
-        lps = score_responses(
-            self.model, items, temperature=self.temperature, micro_batch_tokens=self.micro_batch_tokens
-        )
-        return lps, self.version
-
-    def score_on_support(self, items, plain, k: int, min_version: int = 0) -> tuple:
-        """Estimator ``topk_rkl`` (HF forward only): see ``pipeline.algorithm.logprobs.score_on_support``."""
-        if self.version < min_version:
-            raise WeightsLost(
-                f"the teacher scorer holds weights v{self.version}, v{min_version} "
-                f"were published: its process was restarted"
-            )
-        if self.engine is not None:
-            raise NotImplementedError("scorer.engine=vllm cannot score at given token ids (method.estimator=topk_rkl)")
-        from pipeline.algorithm.logprobs import score_on_support
-
-        out = score_on_support(
-            self.model, items, plain, k, temperature=self.temperature, micro_batch_tokens=self.micro_batch_tokens
-        )
-        return (*out, self.version)
+            out = self.engine.score_teacher(items, plain, needs, **kw)
+        else:
+            out = score_teacher(self.model, items, plain, needs, **kw)
+        out.version = self.version
+        return out
 
 
-class TeacherScorer(Restartable):
-    """Driver-side handle: which rows, which prompts, and where their forward runs: ``actor``, a
-    Ray handle of a ``TeacherScorerWorker`` (``scorer.placement=actor``), or, with ``actor=None``
-    (``scorer.placement=engine``, a self-teacher), the rollout worker handed to ``score``, whose
-    engine holds the policy already."""
+class ActorRoute(Restartable):
+    """The teacher's forward on a ``TeacherScorerWorker`` actor with weights of its own
+    (``scorer.placement=actor``): a frozen checkpoint, or the policy synced like a rollout
+    worker (then a weight consumer: ``wants_weights``)."""
 
-    def __init__(
-        self,
-        actor,
-        spec: TeacherSpec,
-        prompts: TeacherPrompts,
-        timeout_s: float = 0.0,
-        noise_floor: bool = False,
-        micro_batch_tokens: int | None = None,
-    ):
+    def __init__(self, actor, *, follows_policy: bool, precision: str, timeout_s: float = 0.0):
         self._init_restartable(actor, "teacher scorer")
-        self.spec, self.prompts = spec, prompts
+        self.wants_weights = follows_policy
+        self.where = f"scorer.precision={precision}"
         self.timeout_s = timeout_s  # scorer.timeout_s (0 = never)
-        self.noise_floor = noise_floor  # also score each row on the student's own prompt
-        self.micro_batch_tokens = micro_batch_tokens  # the engine route's forward budget
+
+    async def score(self, items, plain, needs: TeacherNeeds, min_version: int, worker=None) -> TeacherOutput:
+        timeout = self.timeout_s
+        return await self._call_within(timeout, "scorer.timeout_s", "score", items, plain, needs, min_version)
+
+
+class EngineRoute:
+    """The teacher's forward on the engine of the rollout worker that played the group
+    (``scorer.placement=engine``): a self-teacher there holds the live weights, with no third copy
+    and no sync of its own. A death is the worker's (``ActorDied`` names it)."""
+
+    actor = None  # no actor of its own: nothing to restart, no weights to send
+    wants_weights = False
+    where = "rollout engine"
+
+    def __init__(self, *, micro_batch_tokens: int | None, timeout_s: float = 0.0):
+        self.micro_batch_tokens, self.timeout_s = micro_batch_tokens, timeout_s
+
+    async def score(self, items, plain, needs: TeacherNeeds, min_version: int, worker=None) -> TeacherOutput:
+        if worker is None:
+            raise ValueError("scorer.placement=engine: score() needs the rollout worker whose engine scores")
+        return await worker.score(items, plain, needs, min_version, self.micro_batch_tokens, self.timeout_s)
+
+
+class TeacherScorer:
+    """Driver-side handle: which rows, which prompts (the method's ``TeacherSpec``), and where
+    their forward runs (``route``: ``ActorRoute`` or ``EngineRoute``; nothing else here asks
+    which). ``noise_floor``: also score each row on the student's own prompt."""
+
+    def __init__(self, route, spec: TeacherSpec, prompts: TeacherPrompts, noise_floor: bool = False):
+        self.route, self.spec, self.prompts, self.noise_floor = route, spec, prompts, noise_floor
 
     @property
-    def self_teacher(self) -> bool:
-        """The teacher is the policy: its weights follow the learner (staleness is measured)."""
-        return self.spec.source == "self"
+    def follows_policy(self) -> bool:
+        """The teacher's weights are the policy's (their staleness is measured)."""
+        return self.spec.follows_policy
 
     @property
-    def on_engine(self) -> bool:
-        return self.actor is None
+    def where(self) -> str:
+        """Where the teacher's forward runs, for messages about its precision."""
+        return self.route.where
 
     @property
-    def wants_weights(self) -> bool:
-        """Whether the learner must send it weights (an actor holding a copy of the policy)."""
-        return self.self_teacher and not self.on_engine
+    def consumer(self):
+        """The weight consumer the learner publishes to besides the rollout workers, or None."""
+        return self.route if self.route.wants_weights else None
 
     def _items(self, groups: list[EpisodeGroup]):
         """The rows to score and their (privileged prompt ids, response ids): the one place that
@@ -219,41 +211,26 @@ class TeacherScorer(Restartable):
         return pending and any(row.teacher_logprobs is None for row in self._items([group])[0])
 
     async def score(
-        self, groups: list[EpisodeGroup], step: int, min_version: int = 0, engine=None
+        self, groups: list[EpisodeGroup], step: int, min_version: int = 0, worker=None
     ) -> tuple[list[EpisodeGroup], dict]:
-        """``min_version``: the last published weights (a self-teacher must hold them);
-        ``engine``: the rollout worker (``actors.handles.RayRollout``) that scores on the engine
-        route. A death raises ``ActorDied`` naming the actor that died."""
+        """``min_version``: the last published weights (a teacher that follows the policy must hold
+        them); ``worker``: the rollout worker (``actors.handles.RayRollout``) that played the
+        groups, for a route that scores on its engine. A death raises ``ActorDied`` naming the
+        actor that died."""
         t0 = time.time()
         rows, items = self._items(groups)
-        floor = min_version if self.self_teacher else 0
-        if self.on_engine and engine is None:
-            raise ValueError("scorer.placement=engine: score() needs the rollout worker whose engine scores")
-        if self.spec.support_k:  # topk_rkl: the student's forward gives the support (and the floor)
-            plain = [(row.prompt_ids, row.response_ids) for row in rows]
-            k, mbt = self.spec.support_k, self.micro_batch_tokens
-            if self.on_engine:
-                out = await engine.score_on_support(items, plain, k, floor, mbt, self.timeout_s)
-            else:
-                out = await self._call_within(
-                    self.timeout_s, "scorer.timeout_s", "score_on_support", items, plain, k, floor
-                )
-            lpt, lps_plain, ids, at_ids, version = out
-            lps = lpt + (lps_plain if self.noise_floor else [])
-            for row, i, t in zip(rows, ids, at_ids):
-                row.teacher_topk_ids, row.teacher_topk_logprobs = i, t
-        else:
-            plain = [(row.prompt_ids, row.response_ids) for row in rows] if self.noise_floor else []
-            if self.on_engine:
-                lps, version = await engine.score(items + plain, floor, self.micro_batch_tokens, self.timeout_s)
-            else:
-                lps, version = await self._call_within(
-                    self.timeout_s, "scorer.timeout_s", "score", items + plain, floor
-                )
-        for row, lp in zip(rows, lps):
-            row.teacher_logprobs, row.teacher_version = lp, version
-        for row, lp in zip(rows, lps[len(rows) :]):  # one forward call: the same weights version
-            row.plain_teacher_logprobs = lp
+        needs = self.spec.needs
+        plain = [(row.prompt_ids, row.response_ids) for row in rows] if self.noise_floor or needs.support_k else []
+        floor = min_version if self.follows_policy else 0
+        out = await self.route.score(items, plain, needs, floor, worker)
+        for i, row in enumerate(rows):
+            row.teacher_logprobs, row.teacher_version = out.logprobs[i], out.version
+            if self.noise_floor:  # one forward call: the same weights version
+                row.plain_teacher_logprobs = out.plain_logprobs[i]
+            if needs.support_k:
+                row.teacher_topk_ids, row.teacher_topk_logprobs = out.topk_ids[i], out.topk_logprobs[i]
+            if out.channels:
+                row.teacher_channels = {name: values[i] for name, values in out.channels.items()}
         lengths = [len(ids) for ids, _ in items]
         n_rows = sum(len(g.rows()) for g in groups)
         metrics = {
@@ -262,6 +239,6 @@ class TeacherScorer(Restartable):
             "teacher/prompt_tokens": sum(lengths) / max(len(lengths), 1),
             "teacher/prompt_tokens_sum": float(sum(lengths)),
         }
-        if rows and self.self_teacher:
-            metrics["teacher/staleness"] = sum(version - r.policy_version for r in rows) / len(rows)
+        if rows and self.follows_policy:
+            metrics["teacher/staleness"] = sum(out.version - r.policy_version for r in rows) / len(rows)
         return groups, metrics

@@ -97,23 +97,16 @@ class TurnBatcher:
             self._cond.notify()
         self._thread.join(timeout=30)
 
-    def score(self, items, *, temperature: float, micro_batch_tokens: int | None):
-        """The teacher's log-probs on the engine (``scorer.placement=engine``) between two
-        ``generate`` calls, after the queued weights, and the version that scored them."""
+    def score_teacher(self, items, plain, needs, *, temperature: float, micro_batch_tokens: int | None):
+        """The teacher on the engine (``scorer.placement=engine``) between two ``generate`` calls,
+        after the queued weights: ``engine.score_teacher`` with the version that scored it."""
         with self.engine_lock:
             self.apply_weights()
-            return self.engine.score(items, temperature=temperature, micro_batch_tokens=micro_batch_tokens), (
-                self.engine.version
+            out = self.engine.score_teacher(
+                items, plain, needs, temperature=temperature, micro_batch_tokens=micro_batch_tokens
             )
-
-    def score_on_support(self, items, plain, k: int, *, temperature: float, micro_batch_tokens: int | None):
-        """``engine.score_on_support`` between two ``generate`` calls; returns its 4 lists and the version."""
-        with self.engine_lock:
-            self.apply_weights()
-            out = self.engine.score_on_support(
-                items, plain, k, temperature=temperature, micro_batch_tokens=micro_batch_tokens
-            )
-            return (*out, self.engine.version)
+            out.version = self.engine.version
+            return out
 
     def _take(self) -> list[Request]:
         """The oldest request and every pending one of its kind that fits the budget."""

@@ -49,7 +49,8 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from envs.base import Observation, StepResult, TextEnv, known_options, register_env
+from envs.base import Observation, StepResult, TextEnv, register_env
+from envs.options import known_options
 from pipeline.core.types import CriterionResult, Message
 
 try:  # optional dependency (pyproject extra)

@@ -113,17 +113,23 @@ class TextEnv(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (temp files, subprocesses)."""
 
+    def check_step(self, *, started: bool, done: bool) -> None:
+        """The guard at the top of ``step``: an env plays after ``reset`` only, and one episode."""
+        if not started:
+            raise RuntimeError(f"{type(self).__name__}.step() before reset()")
+        if done:
+            raise RuntimeError(f"{type(self).__name__}.step() after the episode ended; envs are single-use")
 
-def known_options(options: dict | None, opts_cls, env_name: str) -> dict:
-    """A copy of ``env.options``; raise ValueError naming unknown keys and the valid ones."""
-    from dataclasses import fields
 
-    options = dict(options or {})
-    known = sorted(f.name for f in fields(opts_cls))
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ValueError(f"unknown {env_name} option(s) {unknown}; known options: {known}")
-    return options
+def criteria_from_verdicts(
+    verdicts: dict[str, tuple[bool, int | None]], feedback: dict[str, str]
+) -> list[CriterionResult]:
+    """``{criterion: (passed, turn it failed at)}`` as the final verdicts of an episode, each
+    with its static feedback string; the turn is dropped where the criterion passed."""
+    return [
+        CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else turn, feedback=feedback[c])
+        for c, (ok, turn) in verdicts.items()
+    ]
 
 
 ENV_REGISTRY: dict[str, type[TextEnv]] = {}

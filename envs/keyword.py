@@ -36,7 +36,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.base import Observation, StepResult, TextEnv, known_options, register_env
+from envs.base import Observation, StepResult, TextEnv, criteria_from_verdicts, register_env
+from envs.options import known_options
 from pipeline.core.types import CriterionResult, Message
 
 WORDS_FILE = Path(__file__).parent / "data" / "keyword_words.txt"
@@ -154,12 +155,8 @@ class KeywordEnv(TextEnv):
         mentions = re.search(rf"\b{self._word}\b", response, re.IGNORECASE) is not None
         fmt = len(blocks) == 1 and blocks[0].strip().strip(".!?,;:'\"").lower() == self._word
         brief = 1 <= len(response.split()) <= self.opts.max_words
-        verdicts = {"keyword": mentions, "format": fmt, "brevity": brief}
-        # The feedback string is the criterion's static text; failing_turn marks where it failed.
-        return [
-            CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else 0, feedback=FEEDBACK[c])
-            for c, ok in verdicts.items()
-        ]
+        # One turn: a criterion that fails, fails at turn 0.
+        return criteria_from_verdicts({"keyword": (mentions, 0), "format": (fmt, 0), "brevity": (brief, 0)}, FEEDBACK)
 
     def step(self, response: str) -> StepResult:
         criteria = self.judge(response)

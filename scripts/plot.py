@@ -1,9 +1,6 @@
 """Draw a run's curves: ``python scripts/plot.py RUN_DIR [OUT.png]``."""
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.tools.plotting import plot_run
 

@@ -13,8 +13,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from pipeline.tools.feedback_selection import load_candidates, markdown_table, run
 
 
@@ -24,9 +22,11 @@ def main(argv=None) -> int:
     p.add_argument("--env-options", default="{}", help="env.options as JSON")
     p.add_argument("--split", default="train")
     p.add_argument("--candidates", required=True, help="JSON/YAML file {criterion: [feedback strings]}")
-    p.add_argument("--tasks", type=int, default=16, help="task seeds 0..N-1, one episode each")
+    p.add_argument(
+        "--tasks", dest="n_tasks", metavar="N", type=int, default=16, help="task seeds 0..N-1, one episode each"
+    )
     p.add_argument("--model", default="smollm2_135m", help="smollm2_135m | tiny | tiny_bytes | HF directory")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", dest="out_dir", metavar="DIR", required=True)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument(
@@ -39,25 +39,13 @@ def main(argv=None) -> int:
     p.add_argument("--sample-seed", type=int, default=0)
     p.add_argument("--min-gain", type=float, default=0.0, help="required pass-rate gain (strictly more)")
     p.add_argument("--precision", default="auto", help="auto (bf16 where native) | fp32 | bf16")
-    a = p.parse_args(argv)
-    outcomes = run(
-        env=a.env,
-        candidates=load_candidates(a.candidates),
-        n_tasks=a.tasks,
-        model=a.model,
-        out_dir=a.out,
-        env_options=json.loads(a.env_options),
-        split=a.split,
-        temperature=a.temperature,
-        max_new_tokens=a.max_new_tokens,
-        history_length=a.history_length,
-        sample_seed=a.sample_seed,
-        min_gain=a.min_gain,
-        precision=a.precision,
-        max_prompt_tokens=a.max_prompt_tokens,
-    )
-    print(markdown_table(outcomes, a.tasks), end="")
-    print(f"wrote {Path(a.out) / 'adopted.json'} and {Path(a.out) / 'feedback_selection.md'}")
+    # Each option is the argument of run() of its name (dest); two of them arrive as text.
+    a = vars(p.parse_args(argv))
+    a["candidates"], a["env_options"] = load_candidates(a["candidates"]), json.loads(a["env_options"])
+    outcomes = run(**a)
+    out = Path(a["out_dir"])
+    print(markdown_table(outcomes, a["n_tasks"]), end="")
+    print(f"wrote {out / 'adopted.json'} and {out / 'feedback_selection.md'}")
     return 0
 
 

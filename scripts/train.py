@@ -1,9 +1,6 @@
-"""Train: ``python scripts/train.py [hydra overrides]``; sweep with ``-m``. See README.md."""
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+"""Train: ``python scripts/train.py [hydra overrides]``; sweep with ``-m``; check without training
+with ``--check``. See README.md. The project is installed (``pip install -e .``, ``make setup``);
+inside a Ray job the job's working dir is on the path."""
 
 from pipeline.tools.cli import main
 

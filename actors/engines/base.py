@@ -55,6 +55,41 @@ def request_seeds(n: int, seed: int | None, seeds: list[int] | None) -> list[int
     return [request_seed(seed, i) for i in range(n)]
 
 
+def check_sampling(temperature: float, top_p: float) -> None:
+    """ValueError unless ``temperature`` and ``top_p`` name a distribution an engine samples from."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def check_prompts(
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    max_prompt_len: int | None = None,
+    max_len: int | None = None,
+    max_len_is: str = "",
+) -> None:
+    """What every engine checks of the prompts of a call before it samples, a ValueError naming
+    the prompt: at least one new token, no empty prompt, none longer than ``max_prompt_len``, and
+    room for ``max_new_tokens`` within ``max_len`` tokens in all (``max_len_is``: what that limit
+    is and how to get under it, for the message)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    for i, prompt in enumerate(prompts):
+        n = len(prompt)
+        if n == 0:
+            raise ValueError(f"prompt {i} is empty")
+        if max_prompt_len is not None and n > max_prompt_len:
+            raise ValueError(
+                f"prompt {i} has {n} tokens, more than max_prompt_len={max_prompt_len}; "
+                "shorten the history (history_length) or raise max_prompt_len"
+            )
+        if max_len is not None and n + max_new_tokens > max_len:
+            raise ValueError(f"prompt {i} has {n} tokens; with max_new_tokens={max_new_tokens} it exceeds {max_len_is}")
+
+
 class GenerationEngine(abc.ABC):
     """A batched sampler over token ids with in-place weight updates."""
 
@@ -83,15 +118,19 @@ class GenerationEngine(abc.ABC):
     def load_state_dict(self, state_dict: Mapping[str, "torch.Tensor"], version: int) -> None:
         """Copy ``state_dict`` into the live weights (strict key match) and set ``version``."""
 
-    @property
-    @abc.abstractmethod
-    def version(self) -> int:
-        """Weights version the next generation will be sampled with (0 before any sync)."""
+    # An engine keeps both in these attributes; ``load_state_dict`` sets ``_version``.
+    _version: int = 0
+    _tokenizer: Any = None
 
     @property
-    @abc.abstractmethod
+    def version(self) -> int:
+        """Weights version the next generation will be sampled with (0 before any sync)."""
+        return self._version
+
+    @property
     def tokenizer(self) -> Any:
         """The tokenizer matching the engine's vocabulary (chat template included)."""
+        return self._tokenizer
 
     # Engines that can also be the teacher (scorer.placement=engine) say so and score.
     can_score: bool = False
@@ -103,10 +142,16 @@ class GenerationEngine(abc.ABC):
         ``temperature`` (what ``pipeline.algorithm.logprobs.score_responses`` computes)."""
         raise NotImplementedError(f"{type(self).__name__} cannot score prompts (scorer.placement=engine)")
 
-    def score_on_support(self, items, plain, k: int, *, temperature: float, micro_batch_tokens: int | None):
-        """``pipeline.algorithm.logprobs.score_on_support`` on the live weights (estimator
-        ``topk_rkl``): the teacher's log-probs at the student's top-k ids, which the engine must
-        be able to gather at any token id."""
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot score at given token ids (method.estimator=topk_rkl): use the HF engine"
-        )
+    def score_teacher(self, items, plain, needs, *, temperature: float, micro_batch_tokens: int | None):
+        """``pipeline.algorithm.logprobs.score_teacher`` on the live weights: a ``TeacherOutput``
+        (no version). This default serves needs of the sampled tokens' log-probs alone (items and
+        plain items scored together); an engine that can take the whole distribution overrides it."""
+        from pipeline.core.types import TeacherOutput
+
+        if needs.whole_distribution:
+            raise NotImplementedError(
+                f"{type(self).__name__} scores the sampled tokens only, not the teacher's whole distribution "
+                "(a top-k support or a channel of the signal): use the HF engine"
+            )
+        lps = self.score(list(items) + list(plain), temperature=temperature, micro_batch_tokens=micro_batch_tokens)
+        return TeacherOutput(logprobs=lps[: len(items)], plain_logprobs=lps[len(items) :] if plain else None)

@@ -1,22 +1,24 @@
 """HF transformers rollout engine: the CPU default (vLLM takes over on GPU).
 
-One ``model.generate`` call per ``generate`` over all prompts, left-padded. The engine owns the
-whole sampling distribution: the model's ``generation_config`` is replaced by a clean one at
-construction (so no checkpoint default such as ``top_k=50`` or a repetition penalty sneaks in),
-and temperature / top-p are applied by processors the engine passes itself, followed by a
-recorder that keeps the log-softmax of the final scores. Hence each reported log-prob is that of
-the sampled token under exactly the distribution it was drawn from:
+``generate`` is a decode loop of its own over an HF causal LM: each distinct prompt is prefilled
+alone, unpadded (no attention mask, so SDPA's causal kernel; a group's identical first prompts
+once), then the rows decode together on one left-padded KV cache, a row leaving the batch (and
+the cache) at its EOS. The engine owns the whole sampling distribution: temperature and top-p are
+applied by HF's warpers, and each reported log-prob is that of the sampled token under exactly
+the distribution it was drawn from:
 
     sampling (temperature > 0):  log_softmax(top_p(logits / temperature))[token]
     greedy   (temperature == 0): log_softmax(logits)[token]
 
-With ``top_p == 1`` the first equals ``pipeline.algorithm.logprobs.forward_response(..., temperature=T)`` on
-prompt + response (tested in ``tests/integration/test_hf_engine.py``). The recorder holds one
-``[B, V]`` float32 step at a time instead of the ``max_new_tokens x [B, V]`` that
-``output_scores=True`` would keep.
+With ``top_p == 1`` the first equals ``pipeline.algorithm.logprobs.forward_response(...,
+temperature=T)`` on prompt + response (tested in ``tests/integration/test_hf_engine.py``). Each
+request draws from a generator of its own seed, so its sample does not depend on the other
+requests of its batch. The model's ``generation_config`` is replaced by a clean one at
+construction (no checkpoint default such as ``top_k=50`` can reach a caller of ``generate`` on
+the model itself).
 
 A response is the sampled ids up to and including the first EOS (``finish_reason="stop"``), or
-all ``max_new_tokens`` ids (``"length"``); the pad ids HF writes after a finished row are cut.
+all ``max_new_tokens`` ids (``"length"``).
 """
 
 from __future__ import annotations
@@ -25,55 +27,15 @@ import os
 from typing import Any, Mapping
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-from actors.engines.base import FinishReason, Generation, GenerationEngine, request_seeds
+from actors.engines.base import FinishReason, Generation, GenerationEngine, check_prompts, check_sampling, request_seeds
 from pipeline.core.chat_templates import stop_token_ids
+from pipeline.core.kv_cache import cache_of, with_cache
 from pipeline.models import as_torch_dtype, load_model, load_tokenizer
 
 __all__ = ["HFEngine"]
-
-
-class _SampledLogprobRecorder(LogitsProcessor):
-    """Last processor in the chain: remembers ``log_softmax(scores)`` and, one step later (once
-    the sampled token is visible in ``input_ids``), keeps only the sampled token's entry."""
-
-    def __init__(self) -> None:
-        self.steps: list[torch.Tensor] = []  # each [B]
-        self._pending: torch.Tensor | None = None  # [B, V] log-probs of the step not yet sampled
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self._pending is not None:
-            self.steps.append(self._pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self._pending = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def finish(self, generated: torch.Tensor) -> torch.Tensor:
-        """Log-probs ``[B, n_gen]`` of ``generated`` ``[B, n_gen]`` (the ids after the prompt)."""
-        n_gen = generated.shape[1]
-        if len(self.steps) < n_gen and self._pending is not None:
-            self.steps.append(self._pending.gather(-1, generated[:, len(self.steps)].unsqueeze(-1)).squeeze(-1))
-        self._pending = None
-        # HF may run one step past the stop on GPU and undo it; those entries lie past n_gen.
-        if n_gen == 0:
-            return torch.zeros(generated.shape, dtype=torch.float32, device=generated.device)
-        return torch.stack(self.steps[:n_gen], dim=1)
-
-
-class _RowSampler(LogitsProcessor):
-    """After the recorder: draws each row's token from its own generator (seeded per request, so a
-    row's sample does not depend on which other rows share its batch) and hands HF a one-hot
-    distribution on it, which HF's own sampling then cannot but pick."""
-
-    def __init__(self, seeds: list[int], device: torch.device) -> None:
-        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        probs = torch.softmax(scores.float(), dim=-1)
-        chosen = torch.stack([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter_(1, chosen, 0.0)
 
 
 class HFEngine(GenerationEngine):
@@ -108,7 +70,7 @@ class HFEngine(GenerationEngine):
         self._model.generation_config = GenerationConfig(
             bos_token_id=tokenizer.bos_token_id, eos_token_id=self._eos_ids, pad_token_id=self._pad_id
         )
-        self._eos_tensor = torch.tensor(self._eos_ids)
+        self._eos_set = frozenset(self._eos_ids)
 
     @classmethod
     def from_pretrained(
@@ -130,13 +92,7 @@ class HFEngine(GenerationEngine):
 
     # ------------------------------------------------------------------------------ properties
 
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
+    # version and tokenizer: GenerationEngine's properties over _version / _tokenizer
 
     @property
     def model(self) -> PreTrainedModel:
@@ -157,109 +113,119 @@ class HFEngine(GenerationEngine):
 
         return score_responses(self._model, items, temperature=temperature, micro_batch_tokens=micro_batch_tokens)
 
-    def score_on_support(self, items, plain, k, *, temperature, micro_batch_tokens):
-        from pipeline.algorithm.logprobs import score_on_support
+    def score_teacher(self, items, plain, needs, *, temperature, micro_batch_tokens):
+        from pipeline.algorithm.logprobs import score_teacher
 
-        return score_on_support(
-            self._model, items, plain, k, temperature=temperature, micro_batch_tokens=micro_batch_tokens
+        return score_teacher(
+            self._model, items, plain, needs, temperature=temperature, micro_batch_tokens=micro_batch_tokens
         )
 
     # ------------------------------------------------------------------------------ generation
 
     def _check_prompts(self, prompts: list[list[int]], max_new_tokens: int) -> None:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        for i, prompt in enumerate(prompts):
-            n = len(prompt)
-            if n == 0:
-                raise ValueError(f"prompt {i} is empty")
-            if self._max_prompt_len is not None and n > self._max_prompt_len:
-                raise ValueError(
-                    f"prompt {i} has {n} tokens, more than max_prompt_len={self._max_prompt_len}; "
-                    "shorten the history (history_length) or raise max_prompt_len"
-                )
-            if self._max_positions is not None and n + max_new_tokens > self._max_positions:
-                raise ValueError(
-                    f"prompt {i} has {n} tokens; with max_new_tokens={max_new_tokens} it exceeds the model's "
-                    f"{self._max_positions} positions; shorten the prompt or lower max_new_tokens"
-                )
+        check_prompts(
+            prompts,
+            max_new_tokens,
+            max_prompt_len=self._max_prompt_len,
+            max_len=self._max_positions,
+            max_len_is=f"the model's {self._max_positions} positions; shorten the prompt or lower max_new_tokens",
+        )
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        seeds: list[int] | None = None,
-    ) -> list[Generation]:
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0, seed=None, seeds=None) -> list[Generation]:
+        check_sampling(temperature, top_p)
         self._check_prompts(prompts, max_new_tokens)
         if not prompts:
             return []
 
-        device = self.device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):  # left padding: generation continues from column `width`
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[i, width - len(prompt) :] = 1
-
         do_sample = temperature > 0
-        processors = LogitsProcessorList()
+        warpers = []
         if do_sample and temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(temperature))
+            warpers.append(TemperatureLogitsWarper(temperature))
         if do_sample and top_p < 1.0:
-            processors.append(TopPLogitsWarper(top_p))
-        recorder = _SampledLogprobRecorder()
-        processors.append(recorder)
-        if do_sample and (seeds is not None or seed is not None):
-            processors.append(_RowSampler(request_seeds(len(prompts), seed, seeds), device))
-        # HF's own warpers are neutralised (temperature 1, top_k 0, top_p 1): ours above replace them.
-        sampling = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if do_sample else {}
-        config = GenerationConfig(
-            max_new_tokens=max_new_tokens,
-            do_sample=do_sample,
-            num_beams=1,
-            eos_token_id=self._eos_ids,
-            pad_token_id=self._pad_id,
-            use_cache=True,
-            **sampling,
-        )
-        # HF still draws (from a one-hot distribution) with the global RNG: leave the caller's alone.
-        devices = [device.index or 0] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
-            sequences = self._model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
-                generation_config=config,
-                logits_processor=processors,
-            )
-        generated = sequences[:, width:]  # [B, n_gen]
-        logprobs = recorder.finish(generated).cpu()  # [B, n_gen]
-        generated = generated.cpu()
-
-        is_eos = torch.isin(generated, self._eos_tensor)  # [B, n_gen]
+            warpers.append(TopPLogitsWarper(top_p))
+        row_seeds = request_seeds(len(prompts), seed, seeds) if do_sample and (seed, seeds) != (None, None) else None
+        with torch.no_grad():
+            tokens, logprobs = self._decode(prompts, max_new_tokens, do_sample, warpers, row_seeds)
         results = []
-        for b in range(len(prompts)):
-            hits = is_eos[b].nonzero()
-            if len(hits):
-                end, reason = int(hits[0]) + 1, FinishReason.STOP
-            else:
-                end, reason = generated.shape[1], FinishReason.LENGTH
-            results.append(
-                Generation(
-                    token_ids=generated[b, :end].tolist(),
-                    logprobs=logprobs[b, :end].tolist(),
-                    finish_reason=reason,
-                )
-            )
+        for ids, lps in zip(tokens, logprobs):
+            stop = ids[-1] in self._eos_set
+            reason = FinishReason.STOP if stop else FinishReason.LENGTH
+            results.append(Generation(token_ids=ids, logprobs=lps, finish_reason=reason))
         return results
+
+    def _prefill(self, prompts: list[list[int]]):
+        """Each distinct prompt forwarded alone, unpadded (no attention mask: SDPA's causal
+        kernel, none of a padded batch's [T, T] per head), once however many requests share it
+        (a group's first turn). Returns per prompt its last position's logits [V] and its
+        per-layer keys and values."""
+        device, seen, out = self.device, {}, []
+        for prompt in prompts:
+            key = tuple(prompt)
+            if key not in seen:
+                ids = torch.tensor([prompt], dtype=torch.long, device=device)
+                res = self._model(input_ids=ids, use_cache=True, logits_to_keep=1)
+                cache = cache_of(res)
+                seen[key] = (res.logits[0, -1], [(layer.keys, layer.values) for layer in cache.layers])
+            out.append(seen[key])
+        return out
+
+    def _decode(self, prompts, max_new_tokens: int, do_sample: bool, warpers: list, row_seeds: list[int] | None):
+        """Sample every prompt's continuation: prefill alone (``_prefill``), then decode the rows
+        together on one left-padded KV cache, a row leaving the batch at its EOS. Each token's
+        log-prob is ``log_softmax`` of the scores it was drawn from (after the warpers)."""
+        from transformers import DynamicCache
+
+        device, n = self.device, len(prompts)
+        pre = self._prefill(prompts)
+        width = max(len(p) for p in prompts)
+        layers = []
+        for li in range(len(pre[0][1])):  # left-pad each row's keys and values to ``width``
+            ks = [torch.nn.functional.pad(kv[li][0], (0, 0, width - len(p), 0)) for p, (_, kv) in zip(prompts, pre)]
+            vs = [torch.nn.functional.pad(kv[li][1], (0, 0, width - len(p), 0)) for p, (_, kv) in zip(prompts, pre)]
+            layers.append((torch.cat(ks), torch.cat(vs)))
+        cache = DynamicCache(ddp_cache_data=layers, config=self._model.config)
+        mask = torch.zeros((n, width), dtype=torch.long, device=device)
+        for i, p in enumerate(prompts):
+            mask[i, width - len(p) :] = 1
+        pos = torch.tensor([len(p) for p in prompts], device=device)
+        gens = [torch.Generator(device=device).manual_seed(int(s)) for s in row_seeds] if row_seeds else None
+        live = list(range(n))  # the requests still decoding, in the cache's row order
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        scores = torch.stack([logits for logits, _ in pre]).float()  # [B, V] the next token's
+        for _step in range(max_new_tokens):
+            for w in warpers:
+                scores = w(None, scores)
+            logp = torch.log_softmax(scores, dim=-1)
+            if not do_sample:
+                chosen = scores.argmax(-1)
+            elif gens is None:
+                chosen = torch.multinomial(logp.exp(), 1).squeeze(1)
+            else:
+                probs = logp.exp()
+                chosen = torch.cat([torch.multinomial(probs[j], 1, generator=gens[r]) for j, r in enumerate(live)])
+            picked = logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).tolist()
+            keep = []
+            for j, r in enumerate(live):
+                tokens[r].append(int(chosen[j]))
+                logprobs[r].append(picked[j])
+                if tokens[r][-1] not in self._eos_set:
+                    keep.append(j)
+            if not keep or _step == max_new_tokens - 1:
+                break
+            if len(keep) < len(live):  # finished rows leave the batch (and the cache)
+                idx = torch.tensor(keep, device=device)
+                cache.batch_select_indices(idx)
+                mask, pos, chosen = mask[idx], pos[idx], chosen[idx]
+                live = [live[j] for j in keep]
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=device)], dim=1)
+            out = self._model(
+                input_ids=chosen.unsqueeze(1), attention_mask=mask, position_ids=pos.unsqueeze(1),
+                use_cache=True, **with_cache(self._model, cache),
+            )  # fmt: skip
+            pos = pos + 1
+            scores = out.logits[:, -1].float()
+        return tokens, logprobs
 
     # ------------------------------------------------------------------------------ weights
 

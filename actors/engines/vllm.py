@@ -34,46 +34,19 @@ from typing import Any, Mapping
 
 import torch
 
-from actors.engines.base import FinishReason, Generation, GenerationEngine, request_seed, request_seeds
+from actors.engines.base import (
+    FinishReason,
+    Generation,
+    GenerationEngine,
+    check_prompts,
+    check_sampling,
+    request_seeds,
+)
+from actors.engines.vllm_setup import DTYPES, checkpoint_shapes, cpu_bind
 from pipeline.core.chat_templates import stop_token_ids
 from pipeline.models import load_tokenizer
 
-__all__ = ["VLLMEngine", "cpu_bind", "request_seed"]
-
-_DTYPES = {
-    "fp32": "float32",
-    "float32": "float32",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-}
-
-
-def cpu_bind(parts: int) -> str:
-    """This process's allowed CPUs split into ``parts`` contiguous ranges, vLLM-CPU's
-    ``VLLM_CPU_OMP_THREADS_BIND`` syntax: ``"0-3|4-7"``."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < parts:
-        raise ValueError(f"tensor_parallel_size={parts} on CPU needs >= {parts} cores, this process has {len(cpus)}")
-    size = len(cpus) // parts
-    groups = [cpus[i * size : (i + 1) * size] for i in range(parts)]
-    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
-
-
-def _checkpoint_shapes(model_path: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor names and shapes of the checkpoint, read from the safetensors headers only."""
-    from safetensors import safe_open
-
-    files = sorted(model_path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_path} has no *.safetensors file (vLLM loads safetensors)")
-    shapes: dict[str, tuple[int, ...]] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as h:
-            for k in h.keys():
-                shapes[k] = tuple(h.get_slice(k).get_shape())
-    return shapes
+__all__ = ["VLLMEngine"]
 
 
 class VLLMEngine(GenerationEngine):
@@ -131,7 +104,7 @@ class VLLMEngine(GenerationEngine):
         if not eos:
             raise ValueError(f"{self._path}: the tokenizer and the config define no eos_token_id")
         self._eos_ids = sorted(int(e) for e in eos)
-        shapes = _checkpoint_shapes(self._path)
+        shapes = checkpoint_shapes(self._path)
         # A tied LM head is not a separate checkpoint tensor; the learner may still send it.
         self._required = shapes
         self._optional = (
@@ -143,7 +116,7 @@ class VLLMEngine(GenerationEngine):
         )
         self._llm = LLM(
             model=str(self._path),
-            dtype=_DTYPES[dtype],
+            dtype=DTYPES[dtype],
             max_model_len=self._max_model_len,
             tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -165,48 +138,24 @@ class VLLMEngine(GenerationEngine):
 
     # ------------------------------------------------------------------------------ properties
     @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
     def llm(self) -> Any:
         return self._llm
 
     # ------------------------------------------------------------------------------ generation
-    def _check_prompts(self, prompts: list[list[int]], max_new_tokens: int) -> None:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        for i, prompt in enumerate(prompts):
-            if not prompt:
-                raise ValueError(f"prompt {i} is empty")
-            if len(prompt) + max_new_tokens > self._max_model_len:
-                raise ValueError(
-                    f"prompt {i} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
-                    f"the engine's max_model_len={self._max_model_len}; shorten the prompt or raise "
-                    "rollout.vllm.max_model_len"
-                )
+    def _check_request(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float) -> None:
+        check_sampling(temperature, top_p)
+        check_prompts(
+            prompts,
+            max_new_tokens,
+            max_len=self._max_model_len,
+            max_len_is=f"the engine's max_model_len={self._max_model_len}; shorten the prompt or raise "
+            "rollout.vllm.max_model_len",
+        )
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        seeds: list[int] | None = None,
-    ) -> list[Generation]:
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0, seed=None, seeds=None) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        self._check_prompts(prompts, max_new_tokens)
+        self._check_request(prompts, max_new_tokens, temperature, top_p)
         if not prompts:
             return []
         per_request = None if seed is None and seeds is None else request_seeds(len(prompts), seed, seeds)
@@ -247,9 +196,7 @@ class VLLMEngine(GenerationEngine):
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        if temperature < 0 or not 0.0 < top_p <= 1.0:
-            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature}, {top_p}")
-        self._check_prompts([prompt], max_new_tokens)
+        self._check_request([prompt], max_new_tokens, temperature, top_p)
         params = self._sampling(max_new_tokens, temperature, top_p, seed)
         params.output_kind = RequestOutputKind.FINAL_ONLY
         self._llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), params)

@@ -44,7 +44,8 @@ from envs.actions import normalize_action, parse_think_action
 from envs.alfworld.engine import load_engine, release_engine, replan
 from envs.alfworld.expert import SearchingExpert, planned_reason, walkthrough_hint
 from envs.alfworld.generator import SPLITS, TASK_TYPES, GameRecord, SceneLimits, cache_key, get_game
-from envs.base import Observation, StepResult, TextEnv, known_options, register_env
+from envs.base import Observation, StepResult, TextEnv, register_env
+from envs.options import check_bools, check_ints, known_options
 from pipeline.core.types import CriterionResult, Message
 
 # ALFWorld's own split sizes (solvable games of the six task types).
@@ -78,11 +79,7 @@ class AlfworldOptions:
 
     @classmethod
     def from_dict(cls, options: dict | None) -> "AlfworldOptions":
-        options = known_options(options, cls, "alfworld")
-        if "task_types" in options:
-            value = options["task_types"]
-            options["task_types"] = (value,) if isinstance(value, str) else tuple(value)
-        opts = cls(**options)
+        opts = cls(**known_options(options, cls, "alfworld", tuples=("task_types",)))
         opts.validate()
         return opts
 
@@ -92,9 +89,7 @@ class AlfworldOptions:
             raise ValueError(f"alfworld task_types must be a non-empty subset of {list(TASK_TYPES)}; got {bad or '[]'}")
         if len(set(self.task_types)) != len(self.task_types):
             raise ValueError(f"alfworld task_types has duplicates: {list(self.task_types)}")
-        for name in ("max_turns", "max_receptacles", "max_objects", "n_floorplans", "generator_seed"):
-            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
-                raise ValueError(f"alfworld option {name} must be an int, got {getattr(self, name)!r}")
+        check_ints("alfworld", self, ("max_turns", "max_receptacles", "max_objects", "n_floorplans", "generator_seed"))
         if self.max_turns < 1:
             raise ValueError(f"alfworld max_turns must be >= 1, got {self.max_turns}")
         for name in ("max_receptacles", "max_objects"):
@@ -109,9 +104,7 @@ class AlfworldOptions:
             raise ValueError(f"alfworld plan_turns_factor must be >= 0 (0 = off), got {self.plan_turns_factor!r}")
         if self.action_format not in ("tags", "lenient"):
             raise ValueError(f"alfworld action_format must be tags or lenient, got {self.action_format!r}")
-        for name in ("expert", "reject_cjk"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"alfworld option {name} must be true or false, got {getattr(self, name)!r}")
+        check_bools("alfworld", self, ("expert", "reject_cjk"))
 
     @property
     def limits(self) -> SceneLimits:
@@ -202,10 +195,7 @@ class AlfworldEnv(TextEnv):
         return self._obs
 
     def step(self, response: str) -> StepResult:
-        if self._engine is None or self._obs is None:
-            raise RuntimeError("AlfworldEnv.step() before reset()")
-        if self._done:
-            raise RuntimeError("AlfworldEnv.step() after the episode ended; envs are single-use")
+        self.check_step(started=self._engine is not None and self._obs is not None, done=self._done)
         parsed = parse_think_action(response, forbid_cjk=self.options.reject_cjk)
         reason = parsed.reason
         action = parsed.action

@@ -31,7 +31,8 @@ from pathlib import Path
 from envs.alfworld.engine import replan
 from envs.alfworld.env import AlfworldEnv, AlfworldOptions
 from envs.alfworld.generator import TASK_TYPES, GameRecord
-from envs.base import known_options, register_env
+from envs.base import register_env
+from envs.options import known_options
 
 SPLIT_FOLDERS = {"train": "train", "valid_seen": "valid_seen", "valid_unseen": "valid_unseen"}
 SPLIT_ALIASES = {"eval_in_distribution": "valid_seen", "eval_out_of_distribution": "valid_unseen"}
@@ -52,11 +53,7 @@ class RealAlfworldOptions:
 
     @classmethod
     def from_dict(cls, options: dict | None) -> RealAlfworldOptions:
-        options = known_options(options, cls, "alfworld_real")
-        if "task_types" in options:
-            value = options["task_types"]
-            options["task_types"] = (value,) if isinstance(value, str) else tuple(value)
-        opts = cls(**options)
+        opts = cls(**known_options(options, cls, "alfworld_real", tuples=("task_types",)))
         if not isinstance(opts.n_games, int) or opts.n_games < 0:
             raise ValueError(f"alfworld_real n_games must be an int >= 0, got {opts.n_games!r}")
         opts.engine_options()  # validates task_types, max_turns, expert, reject_cjk, action_format

@@ -68,9 +68,10 @@ from pathlib import Path
 import envs.code_edit.rubric as rubric
 import envs.code_edit.sandbox as sandbox
 import envs.code_edit.tools as tools
-from envs.base import Observation, StepResult, TextEnv, known_options, register_env
+from envs.base import Observation, StepResult, TextEnv, register_env
 from envs.code_edit.tasks import FAMILIES, SPLITS, Task, edit_call, finish_call, generate_task, view_call
 from envs.code_edit.tools import format_tool_call
+from envs.options import known_options
 from pipeline.core.types import Message
 
 TOOL_ROLES = ("user", "tool")
@@ -96,10 +97,7 @@ class CodeEditOptions:
 
     @classmethod
     def from_dict(cls, options: dict | None) -> "CodeEditOptions":
-        options = known_options(options, cls, "code_edit")
-        if "task_families" in options:
-            value = options["task_families"]
-            options["task_families"] = (value,) if isinstance(value, str) else tuple(value)
+        options = known_options(options, cls, "code_edit", tuples=("task_families",))
         if "criterion_weights" in options:
             options["criterion_weights"] = dict(options["criterion_weights"] or {})
         opts = cls(**options)

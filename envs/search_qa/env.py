@@ -56,7 +56,8 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 
-from envs.base import Observation, StepResult, TextEnv, known_options, register_env
+from envs.base import Observation, StepResult, TextEnv, criteria_from_verdicts, register_env
+from envs.options import check_ints, known_options
 from envs.search_qa.corpus import (
     SPLITS,
     Corpus,
@@ -233,21 +234,11 @@ class SearchQAOptions:
 
     @classmethod
     def from_dict(cls, options: dict | None) -> "SearchQAOptions":
-        options = known_options(options, cls, "search_qa")
-        if "hops" in options:
-            value = options["hops"]
-            options["hops"] = (value,) if isinstance(value, int) else tuple(value)
-        opts = cls(**options)
+        opts = cls(**known_options(options, cls, "search_qa", tuples=("hops",)))
         opts.validate()
         return opts
 
     def validate(self) -> None:
-        def integer(name: str) -> int:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"search_qa option {name} must be an int, got {value!r}")
-            return value
-
         if self.corpus not in ("generated", "wiki", "file"):
             raise ValueError(f"search_qa corpus must be generated, wiki or file, got {self.corpus!r}")
         if self.retriever not in ("bm25", "http"):
@@ -264,14 +255,14 @@ class SearchQAOptions:
             )
         if self.corpus != "file" and self.questions_path:
             raise ValueError("search_qa questions_path is only read with corpus=file")
-        if not 1 <= integer("topk") <= 20:
+        check_ints("search_qa", self, ("topk", "max_turns", "n_tasks", "corpus_seed", "n_companies"))
+        if not 1 <= self.topk <= 20:
             raise ValueError(f"search_qa topk must be in 1..20, got {self.topk}")
-        if integer("max_turns") < 1:
+        if self.max_turns < 1:
             raise ValueError(f"search_qa max_turns must be >= 1, got {self.max_turns}")
-        if integer("n_tasks") < 0:
+        if self.n_tasks < 0:
             raise ValueError(f"search_qa n_tasks must be >= 0 (0 = the whole split), got {self.n_tasks}")
-        integer("corpus_seed")
-        if not 10 <= integer("n_companies") <= 5000:
+        if not 10 <= self.n_companies <= 5000:
             raise ValueError(f"search_qa n_companies must be in 10..5000, got {self.n_companies}")
         if (
             not self.hops
@@ -377,10 +368,7 @@ class SearchQAEnv(TextEnv):
         return Observation(text=self._q.question)
 
     def step(self, response: str) -> StepResult:
-        if self._q is None:
-            raise RuntimeError("SearchQAEnv.step() before reset()")
-        if self._done:
-            raise RuntimeError("SearchQAEnv.step() after the episode ended; envs are single-use")
+        self.check_step(started=self._q is not None, done=self._done)
         turn = self._turn
         self._turn += 1
         last = self._turn >= self.max_turns
@@ -448,10 +436,7 @@ class SearchQAEnv(TextEnv):
             "exact_match": (em, self._answer_turn if answered else last_turn),
             "valid_actions": (not self._invalid_turns, self._invalid_turns[0] if self._invalid_turns else None),
         }
-        return [
-            CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else turn, feedback=FEEDBACK[c])
-            for c, (ok, turn) in verdicts.items()
-        ]
+        return criteria_from_verdicts(verdicts, FEEDBACK)
 
     # ----- task metadata -------------------------------------------------------------------------
     @property

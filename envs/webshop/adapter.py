@@ -30,12 +30,21 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from envs.actions import parse_think_action
-from envs.base import Observation, StepResult, TextEnv, register_env
+from envs.base import Observation, StepResult, TextEnv, criteria_from_verdicts, register_env
+from envs.options import check_bools, check_ints, known_options
 from envs.webshop.engine import BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE, parse_action
-from envs.webshop.env import FEEDBACK, RewardMode, admissible_actions, build_messages, check_split, extract_instruction
+from envs.webshop.env import (
+    FEEDBACK,
+    RewardMode,
+    admissible_actions,
+    build_messages,
+    check_reward_options,
+    check_split,
+    extract_instruction,
+)
 from pipeline.core.types import CriterionResult, Message
 
 INSTALL_HELP = (
@@ -67,31 +76,16 @@ class WebShopRealOptions:
 
     @classmethod
     def from_dict(cls, options: dict | None) -> WebShopRealOptions:
-        options = dict(options or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"unknown webshop_real option(s) {unknown}; known options: {sorted(known)}")
-        opts = cls(**options)
+        opts = cls(**known_options(options, cls, "webshop_real"))
         if opts.webshop_path is not None and not isinstance(opts.webshop_path, str):
             raise ValueError(f"webshop_real webshop_path must be a folder path or null, got {opts.webshop_path!r}")
         if opts.num_products is not None and (not isinstance(opts.num_products, int) or opts.num_products < 1):
             raise ValueError(f"webshop_real num_products must be null or an int >= 1, got {opts.num_products!r}")
-        if not isinstance(opts.max_turns, int) or isinstance(opts.max_turns, bool) or opts.max_turns < 1:
-            raise ValueError(f"webshop_real max_turns must be an int >= 1, got {opts.max_turns!r}")
-        if opts.reward_mode not in set(RewardMode):
-            raise ValueError(
-                f"webshop_real reward_mode must be one of {[m.value for m in RewardMode]}, got {opts.reward_mode!r}"
-            )
-        if (
-            isinstance(opts.success_reward, bool)
-            or not isinstance(opts.success_reward, (int, float))
-            or not opts.success_reward > 0
-        ):
-            raise ValueError(f"webshop_real success_reward must be a number > 0, got {opts.success_reward!r}")
-        for name in ("human_goals", "reject_cjk"):
-            if not isinstance(getattr(opts, name), bool):
-                raise ValueError(f"webshop_real {name} must be true or false, got {getattr(opts, name)!r}")
+        check_ints("webshop_real", opts, ("max_turns",))
+        if opts.max_turns < 1:
+            raise ValueError(f"webshop_real max_turns must be >= 1, got {opts.max_turns}")
+        check_reward_options("webshop_real", opts)
+        check_bools("webshop_real", opts, ("human_goals",))
         return opts
 
 
@@ -205,10 +199,7 @@ class WebShopRealEnv(TextEnv):
         return ""
 
     def step(self, response: str) -> StepResult:
-        if self._obs is None:
-            raise RuntimeError("WebShopRealEnv.step() before reset()")
-        if self._done:
-            raise RuntimeError("WebShopRealEnv.step() after the episode ended; envs are single-use")
+        self.check_step(started=self._obs is not None, done=self._done)
         parsed = parse_think_action(response, forbid_cjk=self.options.reject_cjk)
         reason = parsed.reason or self._runnable(parsed.action)
         turn, self._turn = self._turn, self._turn + 1
@@ -257,10 +248,7 @@ class WebShopRealEnv(TextEnv):
         where = {"attributes": self._item_turn, "options": turn, "price": self._item_turn, "type": self._item_turn}
         if not bought:
             where = dict.fromkeys(where, turn)
-        return [
-            CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else where[c], feedback=FEEDBACK[c])
-            for c, ok in passed.items()
-        ]
+        return criteria_from_verdicts({c: (ok, where[c]) for c, ok in passed.items()}, FEEDBACK)
 
     @property
     def task_text(self) -> str:

@@ -74,7 +74,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from envs.actions import parse_think_action
-from envs.base import Observation, StepResult, TextEnv, known_options, register_env
+from envs.base import Observation, StepResult, TextEnv, criteria_from_verdicts, register_env
+from envs.options import check_bools, check_ints, known_options
 from envs.webshop.catalog import SPLITS, TASK_TYPES, Catalog, Goal, generate_goal, requirement_split
 from envs.webshop.engine import BUY_NOW, SEP, SearchIndex, WebShopEngine, catalog_and_index, parse_action
 from envs.webshop.expert import hinted_response, shopper_response
@@ -207,10 +208,7 @@ class WebShopOptions:
         return opts
 
     def validate(self) -> None:
-        for name in ("n_products", "catalog_seed", "max_turns"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"webshop option {name} must be an int, got {value!r}")
+        check_ints("webshop", self, ("n_products", "catalog_seed", "max_turns"))
         if not 60 <= self.n_products <= 20_000:
             raise ValueError(f"webshop n_products must be between 60 and 20000, got {self.n_products}")
         if self.max_turns < 1:
@@ -219,21 +217,22 @@ class WebShopOptions:
             not isinstance(self.n_tasks, int) or isinstance(self.n_tasks, bool) or self.n_tasks < 1
         ):
             raise ValueError(f"webshop n_tasks must be null or an int >= 1, got {self.n_tasks!r}")
-        if self.reward_mode not in set(RewardMode):
-            raise ValueError(
-                f"webshop reward_mode must be one of {[m.value for m in RewardMode]}, got {self.reward_mode!r}"
-            )
-        if (
-            isinstance(self.success_reward, bool)
-            or not isinstance(self.success_reward, (int, float))
-            or not self.success_reward > 0
-        ):
-            raise ValueError(f"webshop success_reward must be a number > 0, got {self.success_reward!r}")
-        if not isinstance(self.reject_cjk, bool):
-            raise ValueError(f"webshop reject_cjk must be true or false, got {self.reject_cjk!r}")
+        check_reward_options("webshop", self)
 
     def n_tasks_for(self, split: str) -> int:
         return DEFAULT_N_TASKS[split] if self.n_tasks is None else self.n_tasks
+
+
+def check_reward_options(env_name: str, opts) -> None:
+    """The options ``webshop`` and ``webshop_real`` share: reward_mode, success_reward, reject_cjk."""
+    if opts.reward_mode not in set(RewardMode):
+        raise ValueError(
+            f"{env_name} reward_mode must be one of {[m.value for m in RewardMode]}, got {opts.reward_mode!r}"
+        )
+    scale = opts.success_reward
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ValueError(f"{env_name} success_reward must be a number > 0, got {scale!r}")
+    check_bools(env_name, opts, ("reject_cjk",))
 
 
 def draw_goal(catalog: Catalog, index: SearchIndex, split: str, task_index: int) -> Goal:
@@ -272,10 +271,7 @@ def criteria_from_breakdown(score: RewardBreakdown | None, item_turn: int, buy_t
             "price": (score.price_ok, item_turn),
             "type": (score.r_type == 1.0, item_turn),
         }
-    return [
-        CriterionResult(criterion=c, passed=ok, failing_turn=None if ok else turn, feedback=FEEDBACK[c])
-        for c, (ok, turn) in verdicts.items()
-    ]
+    return criteria_from_verdicts(verdicts, FEEDBACK)
 
 
 @register_env("webshop")
@@ -344,10 +340,7 @@ class WebShopEnv(TextEnv):
         )
 
     def step(self, response: str) -> StepResult:
-        if self.engine is None or self._obs is None:
-            raise RuntimeError("WebShopEnv.step() before reset()")
-        if self._done:
-            raise RuntimeError("WebShopEnv.step() after the episode ended; envs are single-use")
+        self.check_step(started=self.engine is not None and self._obs is not None, done=self._done)
         parsed = parse_think_action(response, forbid_cjk=self.options.reject_cjk)
         reason = parsed.reason
         if not reason:

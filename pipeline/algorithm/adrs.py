@@ -159,7 +159,9 @@ def adrs_advantages(
        ``clip=None`` disables clipping. ``strength`` is the base's std_g (GRPO) or max|A| (GiGPO).
 
     Metrics: ``adrs/tva_mean`` (over rows), ``adrs/gate_mean`` (over tokens),
-    ``adrs/shaping_abs_mean`` (|shaping| over all tokens, 0 in unshaped groups),
+    ``adrs/gate_active_ratio`` (tokens whose gate m > 0.5, as SDAR's), ``adrs/shaping_abs_mean``
+    (|shaping| over all tokens, 0 in unshaped groups), ``adrs/shaping_share`` (mean |shaping| /
+    mean |A_t| over all tokens: how much of the advantage the teacher's term is),
     ``adrs/clip_fraction`` (shaped tokens where the clip bit), ``adrs/shaped_group_fraction``.
     """
     if tva_apply not in ("paper", "after_whitening"):
@@ -183,41 +185,63 @@ def adrs_advantages(
 
     # whitening within episode groups that carry an env signal
     gids, n_groups = dense_ids([r.group for r in rows])
-    strength = torch.zeros(n_groups, dtype=F64).index_copy_(0, gids, base.strength.to(F64))  # equal within g
-    n_in_group = torch.zeros(n_groups, dtype=F64).index_add_(0, gids, torch.ones(len(rows), dtype=F64))
-    shaped = (n_in_group >= 2) & (strength >= EPS_STD)  # [G]
+    strength, n_in_group, shaped = _groups(gids, n_groups, base.strength)
     tok_group = gids[tok_row]  # [N]
     tok_gate = gate[tok_row]
-    signal = tok_gate * qhat if tva_apply == "paper" else qhat
-    g_count, g_mean, g_std = segment_stats(signal, tok_group, n_groups)
-    z = (signal - g_mean[tok_group]) / (g_std[tok_group] ** 2 + 1e-8).sqrt()
-    if tva_apply == "after_whitening":
-        z = tok_gate * z
-    token_shaped = shaped[tok_group] & (g_count[tok_group] >= 2)
-    z = torch.where(token_shaped, z, torch.zeros_like(z))
+    z, token_shaped = _whitened(qhat, tok_gate, tok_group, n_groups, shaped, tva_apply)
 
-    # adaptive clip; the median runs over every group with an env signal, a single-row group
-    # counting as std 1 (verl's std of one score), as the reference does
-    median_strength = torch.where(n_in_group < 2, torch.ones_like(strength), strength)
-    with_signal = median_strength >= EPS_STD
-    if clip is None or clip <= 0:
-        limit = torch.full((n_groups,), float("inf"), dtype=F64)
-    elif adaptive_clip and bool(shaped.any()):
-        limit = clip * torch.clamp(strength / (median_strength[with_signal].median() + EPS_STD), max=1.0)
-    else:
-        limit = torch.full((n_groups,), float(clip), dtype=F64)
+    limit = _clip_limits(strength, n_in_group, shaped, clip, adaptive_clip)
     raw = eta_s * z
     tok_limit = limit[tok_group]
     shaping = torch.maximum(torch.minimum(raw, tok_limit), -tok_limit)
     clipped = token_shaped & (raw.abs() > tok_limit)
 
     adv = base.advantages.to(F64)[tok_row] + shaping
+    metrics = _shaping_metrics(tva, tok_gate, shaping, adv, clipped, token_shaped, shaped)
+    return [t.float() for t in torch.split(adv, lengths.tolist())], metrics
+
+
+def _groups(gids, n_groups: int, row_strength):
+    """Per episode group: its env-signal strength (equal over its rows), its row count, and
+    whether it is shaped (>= 2 rows and an env signal)."""
+    strength = torch.zeros(n_groups, dtype=F64).index_copy_(0, gids, row_strength.to(F64))
+    n_in_group = torch.zeros(n_groups, dtype=F64).index_add_(0, gids, torch.ones(gids.shape[0], dtype=F64))
+    return strength, n_in_group, (n_in_group >= 2) & (strength >= EPS_STD)
+
+
+def _whitened(qhat, tok_gate, tok_group, n_groups: int, shaped, tva_apply: str):
+    """``Z`` of step 3 of ``adrs_advantages`` (0 outside the shaped groups) and the tokens shaped."""
+    signal = tok_gate * qhat if tva_apply == "paper" else qhat
+    g_count, g_mean, g_std = segment_stats(signal, tok_group, n_groups)
+    z = (signal - g_mean[tok_group]) / (g_std[tok_group] ** 2 + 1e-8).sqrt()
+    if tva_apply == "after_whitening":
+        z = tok_gate * z
+    token_shaped = shaped[tok_group] & (g_count[tok_group] >= 2)
+    return torch.where(token_shaped, z, torch.zeros_like(z)), token_shaped
+
+
+def _clip_limits(strength, n_in_group, shaped, clip: float | None, adaptive_clip: bool) -> torch.Tensor:
+    """Each group's clip ``c_g`` (step 4 of ``adrs_advantages``). The adaptive clip's median runs
+    over every group with an env signal, a single-row group counting as std 1 (verl's std of one
+    score), as the reference does."""
+    n_groups = strength.shape[0]
+    median_strength = torch.where(n_in_group < 2, torch.ones_like(strength), strength)
+    with_signal = median_strength >= EPS_STD
+    if clip is None or clip <= 0:
+        return torch.full((n_groups,), float("inf"), dtype=F64)
+    if adaptive_clip and bool(shaped.any()):
+        return clip * torch.clamp(strength / (median_strength[with_signal].median() + EPS_STD), max=1.0)
+    return torch.full((n_groups,), float(clip), dtype=F64)
+
+
+def _shaping_metrics(tva, tok_gate, shaping, adv, clipped, token_shaped, shaped) -> dict[str, float]:
     n_shaped_tokens = int(token_shaped.sum())
-    metrics = {
+    return {
         "adrs/tva_mean": float(tva.mean()),
         "adrs/gate_mean": float(tok_gate.mean()),
+        "adrs/gate_active_ratio": float((tok_gate > 0.5).double().mean()),
         "adrs/shaping_abs_mean": float(shaping.abs().mean()),
+        "adrs/shaping_share": float(shaping.abs().mean() / adv.abs().mean()) if bool(adv.abs().sum() > 0) else 0.0,
         "adrs/clip_fraction": float(clipped.sum()) / n_shaped_tokens if n_shaped_tokens else 0.0,
         "adrs/shaped_group_fraction": float(shaped.double().mean()),
     }
-    return [t.float() for t in torch.split(adv, lengths.tolist())], metrics

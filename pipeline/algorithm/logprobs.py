@@ -23,13 +23,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from pipeline.core.types import TeacherNeeds, TeacherOutput
+
 __all__ = [
     "ResponseForward",
     "forward_response",
     "position_ids_from_mask",
     "response_logprobs",
-    "score_on_support",
     "score_responses",
+    "score_teacher",
 ]
 
 
@@ -56,7 +58,9 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """The decoder and the LM head of ``model`` (unwrapped from a DDP / DeepSpeed engine)."""
+    model = _unwrap(model)
     config = getattr(model, "config", None)
     for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
         value = getattr(config, attr, None)
@@ -106,6 +110,21 @@ def forward_response(
         with_entropy: also return the per-token entropy.
         with_logits: also return the selected temperature-scaled logits ``[N_sel, V]``.
     """
+    selected = check_inputs(input_ids, attention_mask, response_mask, temperature)
+    decoder, head = decoder_and_head(model)
+    out = decoder(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]  # [B, T, H]
+    rows, cols = selected.nonzero(as_tuple=True)  # [N_sel] each, row-major order
+    return from_hidden(head, hidden[rows, cols - 1], input_ids, selected, temperature, with_entropy, with_logits)
+
+
+def check_inputs(input_ids, attention_mask, response_mask, temperature: float) -> torch.Tensor:
+    """Raise on inputs ``forward_response`` cannot score; the selected positions ``[B, T]`` bool."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
     if input_ids.shape != attention_mask.shape or input_ids.shape != response_mask.shape:
@@ -118,24 +137,25 @@ def forward_response(
         raise ValueError("response_mask[:, 0] must be 0: the first token has no preceding position")
     if (selected & ~attention_mask.bool()).any():
         raise ValueError("response_mask marks padding positions (attention_mask = 0)")
+    return selected
 
-    model = _unwrap(model)
-    decoder, head = _decoder_and_head(model)
-    out = decoder(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    )
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]  # [B, T, H]
 
-    rows, cols = selected.nonzero(as_tuple=True)  # [N_sel] each, row-major order
-    logits = head(hidden[rows, cols - 1]).float()  # [N_sel, V]
+def from_hidden(
+    head: nn.Module,
+    hidden: torch.Tensor,  # [N_sel, H] the states predicting the selected tokens, row-major order
+    input_ids: torch.Tensor,
+    selected: torch.Tensor,  # [B, T] bool
+    temperature: float,
+    with_entropy: bool,
+    with_logits: bool,
+) -> ResponseForward:
+    """The LM head at the selected positions only, and what ``forward_response`` returns from it."""
+    rows, cols = selected.nonzero(as_tuple=True)
+    logits = head(hidden).float()  # [N_sel, V]
     if temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)  # [N_sel, V]
     token_logp = logp.gather(-1, input_ids[rows, cols].unsqueeze(-1)).squeeze(-1)  # [N_sel]
-
     B, T = input_ids.shape
     logprobs = torch.zeros(B, T, dtype=torch.float32, device=hidden.device).index_put((rows, cols), token_logp)
     entropy = None
@@ -168,13 +188,18 @@ def _padded(items: list[tuple[list[int], list[int]]]):
 @torch.no_grad()
 def _forwards(model: nn.Module, items, *, temperature: float, micro_batch_tokens: int | None, with_logits: bool):
     """``forward_response`` over ``items`` = (prompt ids, response ids), one micro-batch of at most
-    ``micro_batch_tokens`` padded tokens at a time (None: one batch), on the model's device; yields
-    each micro-batch (rows in item order) with its forward."""
-    from pipeline.core.microbatch import split_by_tokens
+    ``micro_batch_tokens`` padded tokens at a time, or (None) one item at a time with no padding
+    and so no attention mask (SDPA's causal kernel, as the learner's ``learner.unpadded``), on the
+    model's device; yields each micro-batch (rows in item order) with its forward."""
+    from pipeline.core.microbatch import slice_rows, split_by_tokens
 
     device = next(model.parameters()).device
     batch = _padded(items)
-    for mb in split_by_tokens(batch, micro_batch_tokens) if micro_batch_tokens else [batch]:
+    if micro_batch_tokens:
+        mbs = split_by_tokens(batch, micro_batch_tokens)
+    else:
+        mbs = [slice_rows(batch, i, i + 1) for i in range(batch.n_rows)]
+    for mb in mbs:
         fw = forward_response(
             model,
             mb.input_ids.to(device),
@@ -196,7 +221,7 @@ def score_responses(
 ) -> list[list[float]]:
     """Per-token log-probs of each response after its prompt (``items`` = (prompt ids, response
     ids)): one no-grad ``forward_response`` per micro-batch of at most ``micro_batch_tokens``
-    padded tokens (None: one batch), on the model's device. What a teacher is: the scorer actor and
+    padded tokens (None: per item, unpadded), on the model's device. What a teacher is: the scorer actor and
     a rollout engine that scores (``scorer.placement``) both call this."""
     if not items:
         return []
@@ -220,41 +245,53 @@ def _row_logsoftmax(model: nn.Module, items, *, temperature: float, micro_batch_
 
 
 @torch.no_grad()
-def score_on_support(
+def score_teacher(
     model: nn.Module,
     items: list[tuple[list[int], list[int]]],
     plain: list[tuple[list[int], list[int]]],
-    k: int,
+    needs: TeacherNeeds,
     *,
     temperature: float,
     micro_batch_tokens: int | None = None,
-) -> tuple[list[list[float]], list[list[float]], list[list[list[int]]], list[list[list[float]]]]:
-    """The teacher on the student's support (estimator ``topk_rkl``). ``items[i]`` is (privileged
-    prompt, response) and ``plain[i]`` the same response after the student's own prompt. On one set
-    of weights (a self-teacher: the policy's), the plain forward is the student; its top-``k``
-    token ids at each response position are the support S_t, and the privileged forward gives
-    the teacher's log-probs there. Returns, per item: the teacher's log-prob of each sampled
-    token, the student's (the noise floor), ``ids`` ``[n][k]`` and the teacher's log-probs at
-    them ``[n][k]``, all at ``temperature``."""
-    if len(items) != len(plain):
-        raise ValueError(f"{len(items)} privileged items for {len(plain)} plain ones")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if not items:
-        return [], [], [], []
-    student_lp, ids = [], []
-    for (_, resp), lsm in zip(
-        plain, _row_logsoftmax(model, plain, temperature=temperature, micro_batch_tokens=micro_batch_tokens)
-    ):
-        student_lp.append(lsm.gather(-1, torch.tensor(resp).unsqueeze(-1)).squeeze(-1).tolist())
-        ids.append(lsm.topk(min(k, lsm.shape[-1]), dim=-1).indices)  # [n, k]
-    teacher_lp, at_ids = [], []
-    for (_, resp), sup, lsm in zip(
-        items, ids, _row_logsoftmax(model, items, temperature=temperature, micro_batch_tokens=micro_batch_tokens)
-    ):
-        teacher_lp.append(lsm.gather(-1, torch.tensor(resp).unsqueeze(-1)).squeeze(-1).tolist())
-        at_ids.append(lsm.gather(-1, sup).tolist())
-    return teacher_lp, student_lp, [x.tolist() for x in ids], at_ids
+) -> TeacherOutput:
+    """A teacher's forward, all a signal ``needs`` of it. ``items[i]`` is (privileged prompt,
+    response); ``plain`` is empty or, per item, the same response after the student's own prompt
+    (the noise floor: the same weights without the privileged context). What a teacher is: the
+    scorer actor and a rollout engine that scores (``scorer.placement``) both call this.
+
+    With ``needs.support_k`` = k the plain forward is the student (a self-teacher's weights are
+    the policy's): its top-k token ids at each response position are the support S_t, and the
+    privileged forward gives the teacher's log-probs there. ``needs.channels`` are computed from
+    the privileged forward's log-softmax. Everything at ``temperature``; no version (the caller's)."""
+    if needs.support_k and len(plain) != len(items):
+        raise ValueError(f"{len(items)} privileged items for {len(plain)} plain ones (the support needs them)")
+    if needs.support_k < 0:
+        raise ValueError(f"support_k must be >= 0, got {needs.support_k}")
+    kw = {"temperature": temperature, "micro_batch_tokens": micro_batch_tokens}
+    if not needs.whole_distribution:
+        lps = score_responses(model, items + plain, **kw)
+        return TeacherOutput(logprobs=lps[: len(items)], plain_logprobs=lps[len(items) :] if plain else None)
+    out = TeacherOutput(logprobs=[], plain_logprobs=[] if plain else None)
+    support = []
+    for (_, resp), lsm in zip(plain, _row_logsoftmax(model, plain, **kw) if plain else []):
+        out.plain_logprobs.append(_gather(lsm, resp))
+        if needs.support_k:
+            support.append(lsm.topk(min(needs.support_k, lsm.shape[-1]), dim=-1).indices)  # [n, k]
+    if needs.support_k:
+        out.topk_ids, out.topk_logprobs = [x.tolist() for x in support], []
+    out.channels = {c.name: [] for c in needs.channels}
+    for i, ((_, resp), lsm) in enumerate(zip(items, _row_logsoftmax(model, items, **kw))):
+        out.logprobs.append(_gather(lsm, resp))
+        if needs.support_k:
+            out.topk_logprobs.append(lsm.gather(-1, support[i]).tolist())
+        for c in needs.channels:
+            out.channels[c.name].append(c.fn(lsm).tolist())
+    return out
+
+
+def _gather(lsm: torch.Tensor, ids: list[int]) -> list[float]:
+    """The log-probs of ``ids`` from a row's log-softmax ``[n, V]``."""
+    return lsm.gather(-1, torch.tensor(ids).unsqueeze(-1)).squeeze(-1).tolist()
 
 
 def response_logprobs(

@@ -2,7 +2,7 @@
 
 Per training step n the method records the alignment ``K_n = token_mean(lp_prox - lpT)`` over the
 step's batch, measured by the learner (the ``alignment`` metric of
-``pipeline.algorithm.losses.k3_is``: its own log-probs before the step's update, never the rollout
+``pipeline.algorithm.aux_losses.k3_is``: its own log-probs before the step's update, never the rollout
 engine's). Steps are grouped in windows of W; when a window closes, the
 controller wants a validation success rate SR_m (``needs_validation``) and ``end_window`` then
 computes ``Kbar_m`` = mean of the window's K_n and, for m >= 2::
@@ -30,7 +30,8 @@ and passed to ``end_window``.
 
 Metrics are python floats (this runs on the driver), under the method's prefix (``opd/`` for
 RetireOPD): ``K``, ``Kbar``, ``rho``, ``eta`` (the last two only from window 2 on), ``retired``
-(0/1), ``retire_step`` (-1 until retirement).
+(0/1), ``retire_step`` (-1 until retirement), ``teacher_success_rate`` (SR_T once known) and
+``retire_teacher_success`` (the SR_T the retiring window was judged against, -1 until retirement).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class RetirementRule:
         self.prev_sr: float | None = None
         self.retired = False
         self.retire_step = -1
+        self.retire_teacher_success = -1.0  # SR_T when the teacher retired (diagnostic)
         self.last_step = 0
         self.last_k: float | None = None
         self._last: dict[str, float] = {}  # Kbar/rho/eta of the last closed window
@@ -111,6 +113,7 @@ class RetirementRule:
             if rho >= self.delta and eta >= self.gamma:
                 self.retired = True
                 self.retire_step = self.last_step
+                self.retire_teacher_success = float(self.teacher_success_rate)
         self.prev_kbar, self.prev_sr = kbar, float(success_rate)
         self.pending = []
         return self.metrics()
@@ -123,6 +126,9 @@ class RetirementRule:
             out[f"{p}/K"] = self.last_k
         out[f"{p}/retired"] = float(self.retired)
         out[f"{p}/retire_step"] = float(self.retire_step)
+        out[f"{p}/retire_teacher_success"] = self.retire_teacher_success
+        if self.teacher_success_rate is not None:
+            out[f"{p}/teacher_success_rate"] = float(self.teacher_success_rate)
         return out
 
     def state_dict(self) -> dict:
@@ -133,6 +139,7 @@ class RetirementRule:
             "prev_sr": self.prev_sr,
             "retired": self.retired,
             "retire_step": self.retire_step,
+            "retire_teacher_success": self.retire_teacher_success,
             "last_step": self.last_step,
             "last_k": self.last_k,
             "last": dict(self._last),
@@ -146,6 +153,7 @@ class RetirementRule:
         self.prev_sr = state["prev_sr"]
         self.retired = bool(state["retired"])
         self.retire_step = int(state["retire_step"])
+        self.retire_teacher_success = float(state.get("retire_teacher_success", -1.0))  # older checkpoints lack it
         self.last_step = int(state["last_step"])
         self.last_k = state["last_k"]
         self._last = dict(state["last"])

@@ -6,11 +6,11 @@ import abc
 import dataclasses
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from pipeline.context.placement import PrivilegedPrompt
-from pipeline.core.types import Episode, EpisodeGroup, Message, TurnRecord
+from pipeline.core.types import Episode, EpisodeGroup, Message, TeacherNeeds, TurnRecord
 
 
 def task_seed_of(task_text: str) -> int:
@@ -30,16 +30,15 @@ def turn_feedback(episode: Episode, turn_index: int, always_on: bool = False) ->
 
 @dataclass
 class TeacherSpec:
-    """What the teacher scorer must do for a method: whose weights, which context, which rows."""
+    """What a teacher scorer must do for a method: which rows, with which context, on whose weights,
+    computing what (the signal's ``TeacherNeeds``)."""
 
-    source: str  # "self" (the policy, synced weights) | "frozen" (a separate checkpoint)
     provider: "ContextProvider"
     selects: Callable[[Episode, TurnRecord], bool]  # rows to score
+    follows_policy: bool  # its weights are the policy's (synced, or the live rollout engine's)
+    weights_path: str | None = None  # a checkpoint of its own (a frozen teacher); None: the policy
+    needs: TeacherNeeds = field(default_factory=TeacherNeeds)
     rows: str = "all"  # the select part's kind: "all" | "failed_turns"
-    frozen_path: str | None = None  # HF dir of the frozen teacher (source == "frozen")
-    # > 0 (estimator topk_rkl): also score the teacher at the student's top-k token ids of each
-    # response position (the student's support), taken from the same weights on the plain prompt
-    support_k: int = 0
 
     @property
     def context(self) -> str:

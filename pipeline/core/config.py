@@ -72,6 +72,15 @@ def _check_rollout(cfg: PrivyConfig) -> None:
         "(log-probs of a greedy policy are not a sampling distribution)",
     )
     _require(0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]")
+    # The engines' log-probs under a nucleus are renormalised over it; the learner's are over the
+    # whole vocabulary, so the PPO ratio would start at 1/kept-mass (TRL #6789). Refused rather than
+    # corrected: a corrected learner would need the engine's nucleus per token.
+    _require(
+        r.top_p == 1 or cfg.trainer.total_steps == 0,
+        f"rollout.top_p={r.top_p}: a training run samples from the whole vocabulary (use 1.0): under a "
+        "nucleus the engine's log-probs are renormalised over the kept tokens and the learner's are not, "
+        "so every importance ratio would be off by the kept mass",
+    )
     for key, value in (
         ("rollout.precision", r.precision),
         ("learner.precision", lr.precision),
@@ -102,7 +111,7 @@ def _check_rollout(cfg: PrivyConfig) -> None:
     )
     _require(
         cfg.scorer.micro_batch_tokens is None or cfg.scorer.micro_batch_tokens >= 64,
-        "scorer.micro_batch_tokens must be >= 64 (or null: learner.micro_batch_tokens)",
+        "scorer.micro_batch_tokens must be >= 64 (or null: each row its own forward, unpadded)",
     )
     if cfg.model.chat_template is not None:
         from pipeline.core.chat_templates import TEMPLATES
@@ -138,6 +147,7 @@ def _check_learner(cfg: PrivyConfig) -> None:
     _require(lr.lr_schedule in ("constant", "cosine"), "learner.lr_schedule: use constant or cosine")
     _require(len(lr.betas) == 2 and all(0 <= b < 1 for b in lr.betas), "learner.betas: two values in [0, 1)")
     _require(lr.micro_batch_tokens >= 64, "learner.micro_batch_tokens must be >= 64")
+    _require(lr.shared_tokens >= 0, "learner.shared_tokens must be >= 0 (0: one row per micro-batch)")
     _require(lr.mini_batches >= 1, "learner.mini_batches must be >= 1")
     _require(
         lr.mini_batches <= t.groups_per_step,
@@ -217,6 +227,7 @@ def _check_vllm_and_resources(cfg: PrivyConfig) -> None:
         ("rollout.num_gpus", r.num_gpus),
         ("learner.num_gpus", lr.num_gpus),
         ("scorer.num_gpus", cfg.scorer.num_gpus),
+        ("scorer.num_cpus", cfg.scorer.num_cpus),
         ("rollout.num_cpus", r.num_cpus),
         ("learner.num_cpus", lr.num_cpus),
     ):

@@ -19,7 +19,7 @@ reports instead of mocking torch. ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=
 AVX-512 machine take (and measure) the AVX2 path.
 
 Threads: every actor sets its torch thread count explicitly (``set_threads``) and reports it, so
-that two actors sharing two cores never oversubscribe them (see ``pipeline.orchestration.launch.actor_threads``).
+that two actors sharing two cores never oversubscribe them (see ``pipeline.orchestration.resources.actor_threads``).
 """
 
 from __future__ import annotations

@@ -54,6 +54,46 @@ def sort_by_length(batch: TrainBatch) -> TrainBatch:
     return take_rows(batch, order)
 
 
+def _caps_and_seqs(batch: TrainBatch) -> tuple[list[list[int]], list[int]]:
+    """Each row's tokens, and how many of them it may share (those before the position that
+    predicts its first response token; ``pipeline.algorithm.shared_prefix``)."""
+    lengths = row_lengths(batch.attention_mask)
+    seqs = [batch.input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
+    first = [(row > 0).nonzero() for row in batch.response_mask]
+    caps = [int(f[0]) - 1 if len(f) else n for f, n in zip(first, lengths)]
+    return seqs, caps
+
+
+def sort_by_tokens(batch: TrainBatch) -> TrainBatch:
+    """The batch's rows in the order of their token ids (stable), so that rows sharing a prefix sit
+    together and cut into runs that share it (``prefix_runs``); loss and metrics are sums over
+    rows, so the order changes nothing else."""
+    seqs, _ = _caps_and_seqs(batch)
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i])
+    return batch if order == list(range(len(seqs))) else take_rows(batch, order)
+
+
+def prefix_runs(batch: TrainBatch, budget: int) -> list[tuple[int, int]]:
+    """Row ranges ``[a, b)`` whose rows, forwarded through their shared prefixes, carry at most
+    ``budget`` tokens (a row longer than that alone); rows sorted by ``sort_by_tokens``. In
+    sorted order the tokens a run carries are its rows' lengths less what each shares with the
+    row before it."""
+    seqs, caps = _caps_and_seqs(batch)
+    runs, start, cost = [], 0, 0
+    for i, s in enumerate(seqs):
+        shared = 0
+        if i > start:
+            prev, limit = seqs[i - 1], min(caps[i], caps[i - 1])
+            while shared < limit and s[shared] == prev[shared]:
+                shared += 1
+        if i > start and cost + len(s) - shared > budget:
+            runs.append((start, i))
+            start, cost, shared = i, 0, 0
+        cost += len(s) - shared
+    runs.append((start, len(seqs)))
+    return runs
+
+
 def take_rows(batch: TrainBatch, rows: list[int]) -> TrainBatch:
     """The given rows of the batch, in that order, trimmed to their longest row (new tensors)."""
     idx = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
@@ -63,7 +103,7 @@ def take_rows(batch: TrainBatch, rows: list[int]) -> TrainBatch:
         return x.index_select(0, idx)[:, :width]
 
     kw = {name: take(getattr(batch, name), t) for name in _ALIGNED}
-    kw["aux"] = {k: take(v, t) for k, v in batch.aux.items()}
+    kw["distill"] = batch.distill.map(lambda v: take(v, t))
     if batch.teacher_input_ids is not None:
         tt = max(row_lengths(batch.teacher_attention_mask.index_select(0, idx)))
         kw.update({name: take(getattr(batch, name), tt) for name in _TEACHER})
@@ -87,7 +127,7 @@ def slice_rows(batch: TrainBatch, a: int, b: int, *, copy: bool = False) -> Trai
         return x[a:b, :width].clone() if copy else x[a:b, :width]
 
     kw = {name: cut(getattr(batch, name), t) for name in _ALIGNED}
-    kw["aux"] = {k: cut(v, t) for k, v in batch.aux.items()}
+    kw["distill"] = batch.distill.map(lambda v: cut(v, t))
     if batch.teacher_input_ids is not None:
         tt = max(row_lengths(batch.teacher_attention_mask[a:b]))
         kw.update({name: cut(getattr(batch, name), tt) for name in _TEACHER})
@@ -100,7 +140,7 @@ def null_micro_batch(mb: TrainBatch) -> TrainBatch:
     zero, but its forward and backward run the same collectives as a real micro-batch."""
     one = slice_rows(mb, 0, 1, copy=True)
     one.response_mask.zero_()
-    for v in one.aux.values():
+    for v in one.distill.present().values():
         v.zero_()
     if one.teacher_response_mask is not None:
         one.teacher_response_mask.zero_()
@@ -126,7 +166,7 @@ def to_device(batch: TrainBatch, device: "str | torch.device") -> TrainBatch:
     if here.type == device.type and (device.index is None or here.index == device.index or device.type == "cpu"):
         return batch
     kw = {name: getattr(batch, name).to(device, non_blocking=True) for name in _ALIGNED}
-    kw["aux"] = {k: v.to(device, non_blocking=True) for k, v in batch.aux.items()}
+    kw["distill"] = batch.distill.map(lambda v: v.to(device, non_blocking=True))
     if batch.teacher_input_ids is not None:
         kw.update({name: getattr(batch, name).to(device, non_blocking=True) for name in _TEACHER})
     return replace(batch, **kw)

@@ -87,7 +87,16 @@ class LearnerConfig:
     warmup_steps: int = 0
     lr_schedule: str = "constant"  # constant | cosine
     grad_clip: float = 1.0
-    micro_batch_tokens: int = 4096  # token budget of one micro-batch (padded prompt + response)
+    # Each row its own micro-batch, cut to its length: no padding, and no attention mask, so
+    # attention runs SDPA's causal kernel, which keeps no [T, T] matrix per head (a SmolLM2 step on
+    # CPU: docs/performance.md). false: rows right-padded into micro-batches of micro_batch_tokens
+    # (many short rows on a GPU). The loss and its gradient are the same either way.
+    unpadded: bool = True
+    # With unpadded: rows that share a prefix (a group's first prompt, the template, episodes that
+    # acted alike) go through one forward for the prefix, their micro-batch holding at most
+    # shared_tokens tokens so counted (pipeline/algorithm/shared_prefix.py); 0: one row each.
+    shared_tokens: int = 1024
+    micro_batch_tokens: int = 4096  # with unpadded=false: token budget of one micro-batch (padded prompt + response)
     mini_batches: int = 1  # optimizer steps per training step (each over a slice of the groups)
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -122,7 +131,13 @@ class ScorerConfig:
     engine: str = "hf"
     precision: str = "auto"  # teacher weights: auto (bf16 where native) | fp32 | bf16
     num_gpus: float = 0.0  # Ray GPUs of the scorer actor (its model goes to cuda when > 0)
-    micro_batch_tokens: int | None = None  # forward token budget; None = learner.micro_batch_tokens
+    # Ray CPUs of the scorer actor. 0 (the default): it reserves none and shares a node with the
+    # others (it works while the learner waits for it); > 0 reserves them, so that with a node of
+    # its own it is placed there (and, lost with that node, placed again where they are free).
+    num_cpus: float = 0.0
+    # None: each row its own forward, unpadded (SDPA's causal kernel, as learner.unpadded); a number:
+    # rows right-padded into forwards of this many tokens
+    micro_batch_tokens: int | None = None
     # A score call slower than this means the scorer hangs: Ray kills and restarts it and the
     # groups are scored again. 0 = never.
     timeout_s: float = 3600.0

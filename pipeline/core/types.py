@@ -10,9 +10,10 @@ torch-typed record (TrainBatch) only names torch in annotations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -93,9 +94,12 @@ class TurnRecord:
     # noise floor of teacher_logprobs (scorer.noise_floor)
     plain_teacher_logprobs: list[float] | None = None
     # [n_response][k] the student's top-k token ids at each position and the teacher's log-probs
-    # there (estimator topk_rkl, TeacherSpec.support_k)
+    # there (estimator topk_rkl, TeacherNeeds.support_k)
     teacher_topk_ids: list[list[int]] | None = None
     teacher_topk_logprobs: list[list[float]] | None = None
+    # [name][n_response] the quantities of the teacher's distribution a signal asked for
+    # (TeacherNeeds.channels, e.g. its entropy at each position)
+    teacher_channels: dict[str, list[float]] | None = None
 
     @property
     def n_response(self) -> int:
@@ -161,29 +165,99 @@ class EpisodeGroup:
         return self.rows() + [t for e in self.demonstrations for t in e.turns]
 
 
-# The auxiliary losses the learner knows (``pipeline.algorithm.losses.AUX_LOSSES``), named as a
-# signal's estimator names them; the two sampled ones may be weighed by SDAR's gate.
-AUX_KINDS = ("sampled_surrogate", "k3_is", "full_kl", "topk_rkl", "nll")
-GATED_AUX_KINDS = ("sampled_surrogate", "k3_is")
+@dataclass(frozen=True)
+class TeacherChannel:
+    """A per-token quantity of the teacher's predictive distribution that a signal asks the
+    scorer for, beside the log-prob of the sampled token (``TeacherNeeds.channels``).
+
+    ``fn`` maps the temperature-scaled log-softmax at a row's response positions, ``[n, V]``
+    float32, to one value per position, ``[n]``. It must be a module-level function: the need
+    travels to the scorer's process by reference, which imports the function's module there.
+    """
+
+    name: str
+    fn: Callable
+
+
+@dataclass(frozen=True)
+class TeacherNeeds:
+    """What a signal needs from one teacher forward, per response token of a scored row: the
+    log-prob of the sampled token always; ``support_k`` > 0: also the teacher's log-probs at the
+    student's top-k ids (the same weights on the student's prompt give them: a self-teacher);
+    ``channels``: quantities of the whole distribution."""
+
+    support_k: int = 0
+    channels: tuple[TeacherChannel, ...] = ()
+    asked_by: str = ""  # what asks for it, for messages (e.g. "method.estimator=topk_rkl")
+
+    @property
+    def whole_distribution(self) -> bool:
+        """Whether the scoring needs the teacher's logits over the vocabulary (not only the log-prob
+        of a given token, all that vLLM's prompt log-probs give)."""
+        return bool(self.support_k or self.channels)
+
+
+@dataclass(kw_only=True, slots=True)
+class TeacherOutput:
+    """One scoring call's answer, per item (privileged prompt ids, response ids), in item order."""
+
+    logprobs: list[list[float]]  # [items][n_response] lpT of each sampled token
+    version: int = 0  # the weights version that scored every item
+    # [items][n_response] the same weights on the student's own prompt (the ``plain`` items):
+    # the noise floor, and the student whose top-k is the support
+    plain_logprobs: list[list[float]] | None = None
+    topk_ids: list[list[list[int]]] | None = None  # [items][n_response][k] (TeacherNeeds.support_k)
+    topk_logprobs: list[list[list[float]]] | None = None  # [items][n_response][k] lpT at topk_ids
+    channels: dict[str, list[list[float]]] = field(default_factory=dict)  # name -> [items][n_response]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class AuxTerm:
     """One auxiliary loss component the learner adds as ``coef * component``.
 
-    The learner looks ``kind`` up in the loss registry; it never knows which method asked for it.
+    The learner looks ``kind`` up in the loss specs (``pipeline.algorithm.aux_losses.LOSSES``, where
+    an unknown kind is refused); it never knows which method asked for it.
     """
 
     name: str  # metric prefix, e.g. "sdar"
-    kind: str  # one of AUX_KINDS
+    kind: str  # the name of a loss spec (a signal's estimator, or "nll")
     coef: float
-    gate_beta: float | None = None  # SDAR's gate sharpness (GATED_AUX_KINDS only); None = no gate
+    gate_beta: float | None = None  # SDAR's gate sharpness (gated losses only); None = no gate
 
-    def __post_init__(self):
-        if self.kind not in AUX_KINDS:
-            raise ValueError(f"AuxTerm {self.name!r}: kind {self.kind!r} is not one of {list(AUX_KINDS)}")
-        if self.gate_beta is not None and self.kind not in GATED_AUX_KINDS:
-            raise ValueError(f"AuxTerm {self.name!r}: a {self.kind} term has no gate (gate_beta={self.gate_beta})")
+
+T = TypeVar("T")
+
+
+@dataclass(kw_only=True, slots=True)
+class Distill(Generic[T]):
+    """The per-token inputs of the auxiliary loss terms, one typed field each (None: absent).
+
+    In a ``Credit`` a field holds one list per row, ``[B][n_response]`` (the top-k fields
+    ``[B][n_response][k]``); in a ``TrainBatch`` the same field is a tensor aligned with
+    ``input_ids``, ``[B, T]`` (``[B, T, k]``), float32 except where the field's metadata says
+    ``dtype: int64``.
+    """
+
+    # 1 on the policy's rows, 0 on demonstrations: no behaviour sampled those, so the policy term,
+    # the entropy bonus and the reference KL leave them out (sum and denominator alike)
+    policy_mask: T | None = None
+    distill_mask: T | None = None  # the tokens the terms touch, as weights in [0, 1]; None: every one
+    teacher_logprobs: T | None = None  # lpT of the sampled token (the scorer's)
+    topk_ids: T | None = field(default=None, metadata={"dtype": "int64"})  # the student's top-k ids
+    topk_teacher_logprobs: T | None = None  # lpT at those ids
+
+    def present(self) -> dict[str, T]:
+        """The fields that are set, by name."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+    def map(self, fn: Callable[[T], Any]) -> "Distill":
+        """The same record with ``fn`` applied to every field that is set."""
+        return Distill(**{k: fn(v) for k, v in self.present().items()})
+
+
+def distill_dtype(name: str) -> str:
+    """The tensor dtype of a ``Distill`` field in a batch: "int64" or "float32"."""
+    return next(f.metadata.get("dtype", "float32") for f in fields(Distill) if f.name == name)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -191,7 +265,7 @@ class Credit:
     """A method's output for one batch of rows (row order = the groups' rows, concatenated)."""
 
     advantages: list[list[float]]  # [B][n_response] per-token advantage of each row
-    aux: dict[str, list[list[float]]] = field(default_factory=dict)  # name -> [B][n_response]
+    distill: Distill[list] = field(default_factory=Distill)  # the aux terms' per-token inputs, per row
     aux_terms: list[AuxTerm] = field(default_factory=list)
     entropy_coef: float | None = None  # None = learner.entropy_coef
     policy_loss_coef: float = 1.0
@@ -213,7 +287,7 @@ class TrainBatch:
     response_mask: "torch.Tensor"  # [B, T] float, 1 on sampled response tokens
     behaviour_logprobs: "torch.Tensor"  # [B, T] float
     advantages: "torch.Tensor"  # [B, T] float
-    aux: dict[str, "torch.Tensor"] = field(default_factory=dict)  # per-token components, each [B, T]
+    distill: "Distill[torch.Tensor]" = field(default_factory=Distill)  # the aux terms' inputs, [B, T(, k)]
     aux_terms: list[AuxTerm] = field(default_factory=list)
     # Privileged inputs for learner-side teacher forwards (estimator "full"): [B, T'] each.
     teacher_input_ids: "torch.Tensor | None" = None

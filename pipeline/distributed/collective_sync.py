@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from pipeline.core.errors import WeightsLost
 from pipeline.distributed.weight_sync import WeightSyncError, _checksum, checksum_matches
 
 DEFAULT_TIMEOUT_S = 600.0  # per collective op (and for the group's rendezvous)
@@ -239,11 +240,14 @@ def receive_state_dict(
     return sd
 
 
-class WeightReceiver:
-    """A consumer's membership of the weight group (rollout worker, scorer): join once, then
-    ``receive(version)`` per sync. Raises WeightSyncError on a partial or corrupt sync."""
+class WeightGroupMember:
+    """The consumer side of the weight group, a mixin of the actors that follow the learner
+    (rollout worker, self-teacher scorer): ``init_weight_group`` joins once, then
+    ``_receive_weights_dict(version)`` takes one sync into a fresh dict."""
 
-    def __init__(
+    _weight_group: tuple[object, Meta, int] | None = None  # (group, meta, bucket bytes) once joined
+
+    def init_weight_group(
         self,
         host: str,
         port: int,
@@ -253,9 +257,18 @@ class WeightReceiver:
         meta: Meta,
         bucket_bytes: int,
         timeout_s: float | None = None,
-    ):
-        self.group = init_group(host, port, rank, world_size, backend, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
-        self.meta, self.bucket_bytes = meta, bucket_bytes
+    ) -> int:
+        """Join the learner's weight group as ``rank``; ``meta`` = the learner's ``sync_meta()``."""
+        group = init_group(host, port, rank, world_size, backend, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+        self._weight_group = (group, meta, bucket_bytes)
+        return rank
 
-    def receive(self, version: int) -> dict[str, torch.Tensor]:
-        return receive_state_dict(self.group, self.meta, version, self.bucket_bytes)
+    def _receive_weights_dict(self, version: int, member: str) -> dict[str, torch.Tensor]:
+        """One broadcast, checked: WeightSyncError on a partial or corrupt sync. ``member`` names
+        the actor in the WeightsLost of a process that is not in the group."""
+        if self._weight_group is None:  # a process Ray restarted: not in the group yet
+            raise WeightsLost(
+                f"{member} is not in the weight group (a restarted process); weights v{version} cannot reach it"
+            )
+        group, meta, bucket_bytes = self._weight_group
+        return receive_state_dict(group, meta, version, bucket_bytes)

@@ -7,8 +7,9 @@ Ray: it creates the placement group, waits for it, and hands back each actor's `
 
 - ``cluster.placement=none``: no placement group; Ray places each actor on its own (CPU default).
 - ``pack`` / ``spread``: bundles of ``{CPU: num_cpus, GPU: num_gpus}``, M learner bundles then N
-  rollout bundles, and one scorer bundle when the method has a teacher scorer that asks for GPUs
-  (Ray refuses an empty bundle, and a scorer with no CPU or GPU reservation needs none). PACK
+  rollout bundles, and one scorer bundle when the method has a teacher scorer that asks for CPUs
+  or GPUs (``scorer.num_cpus`` / ``num_gpus``; Ray refuses an empty bundle, and a scorer with no
+  reservation needs none). PACK
   keeps the bundles on as few nodes as possible (the learners' NCCL traffic stays local), SPREAD
   puts them on as many as possible.
 - ``colocate=true``: learner rank i and rollout engine i share bundle i, which reserves one whole
@@ -97,7 +98,7 @@ def plan_placement(cfg: PrivyConfig, *, with_scorer: bool) -> PlacementPlan:
             strategy=None,
             learners=[ActorPlacement(lc, lg, None) for _ in range(m)],
             rollouts=[ActorPlacement(rc, rg, None) for _ in range(n)],
-            scorer=ActorPlacement(0.0, cfg.scorer.num_gpus, None) if with_scorer else None,
+            scorer=ActorPlacement(cfg.scorer.num_cpus, cfg.scorer.num_gpus, None) if with_scorer else None,
         )
 
     bundles: list[dict[str, float]] = []
@@ -132,18 +133,22 @@ def plan_placement(cfg: PrivyConfig, *, with_scorer: bool) -> PlacementPlan:
         bundles = [dict(lb) for _ in range(m)] + [dict(rb) for _ in range(n)]
         learners = [ActorPlacement(lc, lg, i) for i in range(m)]
         rollouts = [ActorPlacement(rc, rg, m + i) for i in range(n)]
-    scorer = None
-    if with_scorer:
-        if cfg.scorer.num_gpus > EPS:
-            bundles.append(_bundle(0.0, cfg.scorer.num_gpus))
-            scorer = ActorPlacement(0.0, cfg.scorer.num_gpus, len(bundles) - 1)
-        else:
-            scorer = ActorPlacement(0.0, 0.0, None)  # reserves nothing: no bundle to hold it
+    scorer = _place_scorer(cfg, bundles) if with_scorer else None
     if c.placement == "spread":
         strategy = "SPREAD"
     else:
         strategy = "STRICT_PACK" if c.colocate else "PACK"
     return PlacementPlan(strategy=strategy, bundles=bundles, learners=learners, rollouts=rollouts, scorer=scorer)
+
+
+def _place_scorer(cfg: PrivyConfig, bundles: list[dict[str, float]]) -> ActorPlacement:
+    """The scorer's bundle (appended to ``bundles``) when it reserves CPUs or GPUs; none when it
+    reserves nothing (Ray refuses an empty bundle)."""
+    sc, sg = cfg.scorer.num_cpus, cfg.scorer.num_gpus
+    if not (bundle := _bundle(sc, sg)):
+        return ActorPlacement(0.0, 0.0, None)
+    bundles.append(bundle)
+    return ActorPlacement(sc, sg, len(bundles) - 1)
 
 
 def _require_nonempty(bundle: dict[str, float], what: str, key: str) -> None:

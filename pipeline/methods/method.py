@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from pipeline.algorithm.advantages import RowAdvantages, RowInput, rows_from_groups
 from pipeline.context.providers import ContextProvider, StudentView, TeacherSpec
 from pipeline.core.types import Credit, Episode, EpisodeGroup, TurnRecord
 from pipeline.methods.options import flat_options
+from pipeline.methods.parts.advantage import Advantage, StepOptions
 from pipeline.methods.parts.base import Part, Setting
+from pipeline.methods.parts.context import Context, Student
+from pipeline.methods.parts.reward import Reward
 from pipeline.methods.parts.schedule import Schedule
 from pipeline.methods.parts.select import Select
 from pipeline.methods.parts.signal import Signal
@@ -58,7 +62,7 @@ class CreditJob:
     scale: float
     credit: Credit
     select: Select  # which rows and tokens the signal touches (the one place that decides it)
-    step_options: dict  # the advantage part's discount and anchor matching (ADRS shapes with them)
+    step_options: StepOptions  # the advantage part's discount and anchor matching (ADRS shapes with them)
     provider: ContextProvider | None = None
     prompts: object | None = None  # the driver's TeacherPrompts, for a learner-side teacher
     pairs: list[tuple[Episode, TurnRecord]] = field(default_factory=list)
@@ -89,7 +93,7 @@ class CreditJob:
             masks.append(select.token_mask(e, row) if lpt is not None else [0.0] * row.n_response)
         return teacher, (masks if select.masks else None)
 
-    def teacher_support(self, k: int) -> tuple[list[list[list[float]]], list[list[list[float]]]]:
+    def teacher_support(self, k: int) -> tuple[list[list[list[int]]], list[list[list[float]]]]:
         """The student's top-k ids ``[B][n_response][k]`` and the teacher's log-probs there (rows
         the scorer did not score: zeros, and the select part's mask leaves them out)."""
         ids, lpt = [], []
@@ -98,16 +102,28 @@ class CreditJob:
                 if row.teacher_logprobs is not None:
                     raise ValueError(
                         f"method={self.method_name}: row {i} was scored without the student's support "
-                        "(estimator topk_rkl needs TeacherSpec.support_k)"
+                        "(estimator topk_rkl needs TeacherNeeds.support_k)"
                     )
-                ids.append([[0.0] * k for _ in range(row.n_response)])
+                ids.append([[0] * k for _ in range(row.n_response)])
                 lpt.append([[0.0] * k for _ in range(row.n_response)])
                 continue
             if len(row.teacher_topk_ids) != row.n_response or any(len(x) != k for x in row.teacher_topk_ids):
                 raise ValueError(f"method={self.method_name}: row {i}'s support is not [{row.n_response}][{k}]")
-            ids.append([[float(v) for v in x] for x in row.teacher_topk_ids])
+            ids.append([[int(v) for v in x] for x in row.teacher_topk_ids])
             lpt.append([[float(v) for v in x] for x in row.teacher_topk_logprobs])
         return ids, lpt
+
+    def teacher_channel(self, name: str) -> list[list[float]]:
+        """A quantity of the teacher's distribution at every row's tokens ``[B][n_response]``, as
+        the signal asked the scorer for (``TeacherNeeds.channels``); rows the scorer did not score
+        get zeros (the select part's mask leaves them out)."""
+        out = []
+        for i, (_, row) in enumerate(self.pairs):
+            values = (row.teacher_channels or {}).get(name)
+            if values is None and row.teacher_logprobs is not None:
+                raise ValueError(f"method={self.method_name}: row {i} was scored without the teacher's {name!r}")
+            out.append([float(v) for v in values] if values is not None else [0.0] * row.n_response)
+        return out
 
     def teacher_prompts(self) -> list[list[int]]:
         """Learner-side teacher prompts: the privileged prompt of each selected row, the plain
@@ -125,6 +141,19 @@ class CreditJob:
         return out
 
 
+P = TypeVar("P", bound=Part)
+
+
+class _Slot(Generic[P]):
+    """``method.<slot>``: the part in the slot of that name, typed by the slot's base class."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = name
+
+    def __get__(self, method: "Method | None", owner: type | None = None) -> P:
+        return self if method is None else method.parts[self.slot]
+
+
 class Method:
     """The composed method; ``parts`` maps each slot to its part (see ``pipeline.methods.parts``)."""
 
@@ -132,32 +161,25 @@ class Method:
         self.name, self.parts, self.setting = name, parts, setting
         self.opts = flat_options(name, parts)
         self.prompts = None
-        self.signal.check(parts["advantage"], self.teacher)
-        self.provider: ContextProvider | None = parts["context"].build_provider(
+        self.signal.check(self.advantage, self.teacher)
+        self.provider: ContextProvider | None = self.context.build_provider(
             env_name=env_name, seed=seed, always_on=self.select.always_on
         )
-        if parts["student"].carries_context and self.provider is None:
+        if self.student.carries_context and self.provider is None:
             raise ValueError(f"method={name}: parts.student=context needs a context (parts.context=skills, ...)")
-        if self.teacher.source is not None and self.provider is None:
+        if self.teacher.present and self.provider is None:
             raise ValueError(f"method={name}: a teacher needs privileged context (parts.context=skills | feedback)")
         self._sync_teacher_success_rate()
 
     # ----- parts by role (each slot's base class says what the method may ask of it) -------------------
-    @property
-    def teacher(self) -> Teacher:
-        return self.parts["teacher"]
-
-    @property
-    def schedule(self) -> Schedule:
-        return self.parts["schedule"]
-
-    @property
-    def signal(self) -> Signal:
-        return self.parts["signal"]
-
-    @property
-    def select(self) -> Select:
-        return self.parts["select"]
+    reward = _Slot[Reward]()
+    advantage = _Slot[Advantage]()
+    context = _Slot[Context]()
+    student = _Slot[Student]()
+    teacher = _Slot[Teacher]()
+    schedule = _Slot[Schedule]()
+    signal = _Slot[Signal]()
+    select = _Slot[Select]()
 
     @property
     def invalid_action_penalty(self) -> float:
@@ -170,15 +192,15 @@ class Method:
     def teacher_spec(self) -> TeacherSpec | None:
         """What the teacher scorer must compute, or None (no teacher, or one run by the learner)."""
         t = self.teacher
-        if t.source is None or self.signal.learner_side:
+        if not t.present or self.signal.learner_side:
             return None
         return TeacherSpec(
-            source=t.source,
             provider=self.provider,
             selects=self.select.selected,
+            follows_policy=t.follows_policy,
+            weights_path=t.path,
+            needs=self.signal.teacher_needs(),
             rows=self.select.kind,
-            frozen_path=t.path,
-            support_k=self.signal.support_k,
         )
 
     def teacher_active(self, step: int) -> bool:
@@ -194,11 +216,11 @@ class Method:
 
     def student_view(self) -> StudentView | None:
         """The context in the student's own prompts (``skill_grpo``), or None."""
-        return self.provider.student_view() if self.parts["student"].carries_context else None
+        return self.provider.student_view() if self.student.carries_context else None
 
     def privileged_view(self, first_attempt: Episode | None = None) -> StudentView | None:
         """The teacher's context given to the student (validation measures the privilege gap)."""
-        if self.teacher.source is None or self.provider is None:
+        if not self.teacher.present or self.provider is None:
             return None
         return self.provider.student_view(first_attempt)
 
@@ -208,11 +230,11 @@ class Method:
 
     def skills_for_student(self) -> dict | None:
         """The skill retrieval options when the student's own prompts carry skills, else None."""
-        ok = self.parts["student"].carries_context and self.provider is not None
+        ok = self.student.carries_context and self.provider is not None
         return self.provider.retrieval() if ok else None
 
     def skills_for_teacher(self) -> dict | None:
-        ok = self.teacher.source is not None and self.provider is not None
+        ok = self.teacher.present and self.provider is not None
         return self.provider.retrieval() if ok else None
 
     def required_val_every(self) -> int | None:
@@ -259,13 +281,13 @@ class Method:
 
     # ----- credit ----------------------------------------------------------------------------------
     def episode_reward(self, episode: Episode) -> float:
-        return self.parts["reward"].episode_reward(episode)
+        return self.reward.episode_reward(episode)
 
     def credit(self, groups: list[EpisodeGroup], step: int) -> Credit:
-        reward = self.parts["reward"]
+        reward = self.reward
         rewards = [reward.episode_reward(e) for g in groups for e in g.episodes for _ in e.turns]
         rows = [dataclasses.replace(r, episode_reward=rw) for r, rw in zip(rows_from_groups(groups), rewards)]
-        base = self.parts["advantage"].advantages(rows)
+        base = self.advantage.advantages(rows)
         a = base.advantages
         credit = Credit(
             advantages=broadcast(groups, a.tolist()),
@@ -279,8 +301,7 @@ class Method:
                 **self.schedule.metrics(step),
             },
         )
-        if (pmask := policy_mask(groups)) is not None:
-            credit.aux["policy_mask"] = pmask
+        credit.distill.policy_mask = policy_mask(groups)
         if self.select.masks:
             credit.metrics.update(self._selection_metrics(groups))
         on = self._signal_on(step)
@@ -296,7 +317,7 @@ class Method:
                 scale=self.schedule.scale(step) if on else 0.0,
                 credit=credit,
                 select=self.select,
-                step_options=self.parts["advantage"].step_options(),
+                step_options=self.advantage.step_options(),
                 provider=self.provider,
                 prompts=self.prompts,
             )

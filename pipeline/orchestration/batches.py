@@ -10,12 +10,30 @@ from __future__ import annotations
 import torch
 
 from pipeline.core.microbatch import take_rows
-from pipeline.core.types import Credit, EpisodeGroup, TrainBatch, TurnRecord
+from pipeline.core.types import Credit, Distill, EpisodeGroup, TrainBatch, TurnRecord, distill_dtype
 
 
 def rows_of(groups: list[EpisodeGroup]) -> list[TurnRecord]:
     """The learner's rows, group by group (each group's demonstrations after its own rows)."""
     return [t for g in groups for t in g.train_rows()]
+
+
+def unique_tokens(rows: list[TurnRecord]) -> int:
+    """Tokens of the rows once every shared prefix is counted once (the nodes of their prefix
+    trie): what a learner that forwards each distinct token once would carry, against the
+    ``learner/forwarded_tokens`` it does carry. Rows that re-render an episode's history share
+    little beyond their first tokens; rows of one task's first turn share their whole prompt."""
+    root: dict = {}
+    count = 0
+    for r in rows:
+        node = root
+        for t in (*r.prompt_ids, *r.response_ids):
+            nxt = node.get(t)
+            if nxt is None:
+                nxt = node[t] = {}
+                count += 1
+            node = nxt
+    return count
 
 
 def _pad(seqs: list[list], value, dtype) -> torch.Tensor:
@@ -26,14 +44,14 @@ def _pad(seqs: list[list], value, dtype) -> torch.Tensor:
     return out
 
 
-def _place(rows_prompt_len: list[int], values: list[list], width: int) -> torch.Tensor:
+def _place(rows_prompt_len: list[int], values: list[list], width: int, dtype=torch.float32) -> torch.Tensor:
     """Per-response-token values -> [B, width] at the response positions; per-token vectors of k
     values (the student's support, estimator topk_rkl) -> [B, width, k]."""
     k = next((len(v[0]) for v in values if v and isinstance(v[0], (list, tuple))), None)
-    out = torch.zeros((len(values), width) if k is None else (len(values), width, k), dtype=torch.float32)
+    out = torch.zeros((len(values), width) if k is None else (len(values), width, k), dtype=dtype)
     for i, (p, v) in enumerate(zip(rows_prompt_len, values)):
         if v:
-            out[i, p : p + len(v)] = torch.tensor(v, dtype=torch.float32)
+            out[i, p : p + len(v)] = torch.tensor(v, dtype=dtype)
     return out
 
 
@@ -57,7 +75,9 @@ def build_train_batch(
         response_mask=response_mask,
         behaviour_logprobs=_place(plen, [r.behaviour_logprobs for r in rows], width),
         advantages=_place(plen, credit.advantages, width),
-        aux={k: _place(plen, v, width) for k, v in credit.aux.items()},
+        distill=Distill(
+            **{k: _place(plen, v, width, getattr(torch, distill_dtype(k))) for k, v in credit.distill.present().items()}
+        ),
         aux_terms=list(credit.aux_terms),
         policy_loss_coef=credit.policy_loss_coef,
         entropy_coef=default_entropy_coef if credit.entropy_coef is None else credit.entropy_coef,

@@ -1,27 +1,33 @@
 """Checkpoints: learner state (DeepSpeed + HF model) and everything the controller needs to
 continue exactly: its counters, the buffered groups, the method's controller state and the RNGs.
 
-Layout: ``RUN/checkpoints/step_000010/{deepspeed/, hf/, controller.pt}`` and
-``RUN/checkpoints/latest`` naming the newest complete one. A process killed at any point of a save
-never leaves ``latest`` naming a partial checkpoint:
+Layout: ``RUN/checkpoints/step_000010/{deepspeed/, hf/, controller.pt, manifest.json}`` and
+``RUN/checkpoints/latest`` naming the newest complete one. A partial or damaged checkpoint is never
+taken for complete:
 
-* the checkpoint is written into a temporary directory, ``controller.pt`` last, and renamed when
-  complete (a directory rename is atomic);
+* the checkpoint is written into a temporary directory, then read back: every file's size and
+  SHA-256 go into ``manifest.json``, written last (``manifest.py``), and the directory is renamed
+  (a directory rename is atomic);
 * ``latest`` is replaced atomically (written beside it, then ``os.replace``);
-* re-saving a step moves the old copy aside before the rename, and ``resolve_checkpoint`` falls back
-  to the newest complete ``step_*`` when ``latest`` names one that is missing or incomplete.
+* re-saving a step moves the old copy aside before the rename;
+* ``resolve_checkpoint`` checks the checkpoint it would resume against its manifest (a file
+  missing, cut short or changed in place) and falls back to the newest ``step_*`` that is whole,
+  saying which file of which checkpoint it passed over and why. A resume sets the damaged one
+  aside (``damaged_step_*``) so that no later save or prune counts it as a checkpoint.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from pipeline.orchestration.manifest import MANIFEST, damage, write_manifest
 
 
 class Checkpointer:
@@ -30,20 +36,21 @@ class Checkpointer:
         self.keep = keep
         self.extra_state = extra_state or {}
 
-    async def save(self, controller, step: int) -> Path:
+    async def save(self, step: int, learner, run_state: dict) -> Path:
+        """``learner`` saves its state into the checkpoint; ``run_state`` is the rest of the run's
+        (``controller``, ``buffer``, ``method``: plain dicts), stored with the RNGs."""
         final = self.root / f"step_{step:06d}"
         tmp = self.root / f".tmp_step_{step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        await controller.learner.save(str(tmp))
+        await learner.save(str(tmp))
         state = {
-            "controller": dataclasses.asdict(controller.state),
-            "buffer": controller.buffer.state_dict(),
-            "method": controller.method.state_dict(),
+            **run_state,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
             **self.extra_state,
         }
-        _durable_save(state, tmp / "controller.pt")  # last: its presence marks a complete checkpoint
+        _durable_save(state, tmp / "controller.pt")
+        write_manifest(tmp, step=step)  # last: read back and vouched for, file by file
         old = self.root / f".old_step_{step:06d}"
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -80,25 +87,70 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _complete(ckpt: Path) -> bool:
-    return (ckpt / "controller.pt").is_file()
+def _saved(ckpt: Path) -> bool:
+    """Whether ``ckpt`` claims to be a whole checkpoint: a manifest (or, saved before manifests,
+    ``controller.pt``, which was written last)."""
+    return (ckpt / MANIFEST).is_file() or (ckpt / "controller.pt").is_file()
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint dir, or a run dir / checkpoints dir whose ``latest`` names one (or, if that one
-    is missing or incomplete, the newest complete ``step_*``)."""
+_verdicts: dict[tuple[str, int], str | None] = {}  # a checkpoint is read whole once per process
+
+
+def _whole(ckpt: Path) -> str | None:
+    """None when ``ckpt`` can be resumed, else why not. A checkpoint saved before manifests is
+    taken as it is."""
+    manifest = ckpt / MANIFEST
+    if not manifest.is_file():
+        return None if (ckpt / "controller.pt").is_file() else "incomplete (the save did not finish)"
+    key = (str(ckpt.resolve()), manifest.stat().st_mtime_ns)
+    if key not in _verdicts:
+        _verdicts[key] = damage(ckpt)
+    return _verdicts[key]
+
+
+def _candidates(root: Path) -> list[Path]:
+    """The checkpoints of ``root`` (a checkpoints dir) to try, best first: the one ``latest``
+    names, then every ``step_*`` that claims to be whole, newest first."""
+    steps = sorted((s for s in root.glob("step_*") if s.is_dir() and _saved(s)), reverse=True)
+    named = (root / "latest").read_text().strip() if (root / "latest").exists() else ""
+    first = [root / named] if named and (root / named).is_dir() else []
+    return first + [s for s in steps if s not in first]
+
+
+def resolve_checkpoint(path: str | Path, set_aside: bool = False) -> Path:
+    """A checkpoint dir, or a run dir / checkpoints dir whose ``latest`` names one. A checkpoint
+    that is missing, incomplete or damaged is passed over for the newest whole one, with one line
+    naming the file and why; ``set_aside`` (a resume): it is renamed ``damaged_step_*``, so that no
+    later save or prune takes it for a checkpoint."""
     p = Path(path)
-    for cand in (p, p / "checkpoints"):
-        if _complete(cand):
-            return cand
-        if (cand / "latest").exists():
-            named = cand / (cand / "latest").read_text().strip()
-            if named.name and _complete(named):
-                return named
-            steps = sorted(s for s in cand.glob("step_*") if _complete(s))
-            if steps:
-                return steps[-1]
+    if _saved(p):  # a checkpoint itself: resumed only when whole
+        why = _whole(p)
+        if why is not None:
+            raise FileNotFoundError(f"resume={path}: this checkpoint cannot be resumed: {why}")
+        return p
+    for root in (p, p / "checkpoints"):
+        passed: list[tuple[Path, str]] = []
+        for cand in _candidates(root):
+            why = _whole(cand)
+            if why is None:
+                _say_passed_over(passed, cand, set_aside)
+                return cand
+            passed.append((cand, why))
+        if passed:
+            _say_passed_over(passed, None, set_aside)
+            raise FileNotFoundError(f"resume={path}: no whole checkpoint in {root} (see above)")
     raise FileNotFoundError(f"resume={path}: no checkpoint there (expected controller.pt or checkpoints/latest)")
+
+
+def _say_passed_over(passed: list[tuple[Path, str]], chosen: Path | None, set_aside: bool) -> None:
+    then = f"resuming from {chosen.name}" if chosen is not None else "no earlier checkpoint is whole"
+    for ckpt, why in passed:
+        aside = ckpt.with_name(f"damaged_{ckpt.name}")
+        if set_aside:
+            shutil.rmtree(aside, ignore_errors=True)
+            ckpt.rename(aside)
+        moved = f"; kept as {aside.name}" if set_aside else ""
+        print(f"privy-rl: checkpoint {ckpt} is not resumed: {why}{moved}; {then}", file=sys.stderr, flush=True)
 
 
 def load_state(ckpt: Path) -> dict:

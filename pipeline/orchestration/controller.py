@@ -6,41 +6,44 @@
   in the buffer. There are as many loops as groups the admission lets be in flight,
   ``(max_policy_lag + 1) * groups_per_step``, spread over the workers: a worker plays several
   groups at once and batches their turns together (``actors/rollout.py``).
-* ``_train_loop``: take ``groups_per_step`` groups, score the ones that still need it, assign
-  credit, train, publish the new weights, then validate / checkpoint when due.
+* ``_train_loop``: one step (gather the groups, assign credit, update and publish, report), then
+  validate / checkpoint when due.
 
 Stopping (Ctrl-C, ``request_stop``): the train loop finishes the step it is in (the rollout loops
 keep playing the groups it waits for), checkpoints and returns; a second request aborts at once
-(``run`` raises ``Aborted``). A stop with a deadline (SIGTERM) skips validations and abandons the
-step in progress when it could not be checkpointed in time (``pipeline/orchestration/stopping.py``).
+(``run`` raises ``Aborted``: a third signal, ``signals.py``; a second one hurries the stop). A stop
+with a deadline (SIGTERM) skips validations and abandons the step in progress when it could not be
+checkpointed in time (``pipeline/orchestration/stopping.py``).
 The rollout loops end only when the train loop has ended, or by raising.
 
-The controller talks to workers through small handles (``actors.handles``), so the same loops drive
-Ray actors in a run and plain in-process fakes in tests. Time spent waiting on each side is
-measured: the learner idles while the buffer is short of groups, the rollout side while admission
-holds it back.
+Workers are handles (``actors.handles``, from ``launch.py``): the same loops drive Ray actors in
+a run and in-process fakes in tests. Each side's waiting is measured (``clock.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import sys
-import time
 from dataclasses import dataclass, field
 
-from actors.handles import ActorDied, LearnerLost
 from pipeline.core.config import PrivyConfig
+from pipeline.core.errors import ActorDied, LearnerLost
 from pipeline.core.microbatch import slice_rows
+from pipeline.core.types import EpisodeGroup
 from pipeline.distributed.weight_sync import WeightSyncError
-from pipeline.orchestration.batches import build_train_batch, drop_silent_rows, minibatch_bounds, rows_of
+from pipeline.orchestration.batches import build_train_batch, drop_silent_rows, minibatch_bounds, rows_of, unique_tokens
 from pipeline.orchestration.buffer import GroupBuffer
+from pipeline.orchestration.clock import RolloutMeter, StepClock
+from pipeline.orchestration.env_errors import EnvErrorFilter
 from pipeline.orchestration.logging import EventLog, OutcomeLog
-from pipeline.orchestration.saving import Saving
-from pipeline.orchestration.step_metrics import check_noise_floor, rollout_metrics, step_timing, teacher_metrics
-from pipeline.orchestration.stopping import StopRequest
-from pipeline.orchestration.supervision import Supervision
-from pipeline.orchestration.validation import Validation
+from pipeline.orchestration.pool import WorkerPool
+from pipeline.orchestration.prompts import PromptLedger
+from pipeline.orchestration.saver import StepSaver
+from pipeline.orchestration.step_metrics import check_noise_floor, rollout_metrics, teacher_metrics
+from pipeline.orchestration.stopping import RunLimits, StopRequest
+from pipeline.orchestration.validator import Validator
 
 
 class Aborted(Exception):
@@ -62,7 +65,8 @@ class ControllerState:
 
     step: int = 0  # completed training steps = weights version
     next_task: int = 0  # index of the next training task to start
-    in_flight: list[int] = field(default_factory=list)  # task indices started, not yet buffered
+    in_flight: list[int] = field(default_factory=list)  # task indices drawn, not yet buffered (prompts.py)
+    prompts_trained: int | None = None  # tasks whose group a step trained (None: a checkpoint before the count)
     rollout_busy_s: float = 0.0  # wall time with at least one group in play
     restarts: int = 0  # rollout workers / the scorer brought back after their process died
     replayed: int = 0  # groups lost with a dead worker and played again from their task seed
@@ -72,7 +76,12 @@ class ControllerState:
     env_error_groups: int = 0  # training groups with no episode the env completed (played again)
 
 
-class Controller(Supervision, Saving, Validation):
+class Controller:
+    """The loops, and a step as named phases: gather, assign credit, update, report. What else
+    it needs is composed of objects with their own state: the worker pool (``pool.py``), the
+    validator (``validator.py``), the step saver (``saver.py``), the env-error filter
+    (``env_errors.py``) and the rollout meter (``clock.py``)."""
+
     def __init__(
         self,
         cfg: PrivyConfig,
@@ -91,18 +100,12 @@ class Controller(Supervision, Saving, Validation):
         started_at: float | None = None,
     ):
         self.cfg = cfg
-        # trainer.time_limit_s counts from here (time.monotonic()): the run's start, given by run.py
-        self._started_at = time.monotonic() if started_at is None else started_at
-        self.time_limited = False  # the last step was the first to end past trainer.time_limit_s
         self.events = events or EventLog(None)
-        self.outcomes = outcomes or OutcomeLog(None)
-        self.learner, self.workers, self.method = learner, workers, method
-        self.scorer, self.logger, self.checkpointer = scorer, logger, checkpointer
-        self.progress = progress
+        self.learner, self.method, self.scorer = learner, method, scorer
+        self.logger, self.progress = logger, progress
         self.state = state or ControllerState()
-        # Consumers must hold at least these weights (a resumed run publishes them before it starts).
-        self._published = self.state.step
         self.state.skipped_streak = 0  # a resumed run (new lr, fixed rewards) gets a fresh allowance
+        self.limits = RunLimits(cfg.trainer, self.state, self.events, started_at)
         t = cfg.trainer
         self.buffer = GroupBuffer(groups_per_step=t.groups_per_step, max_policy_lag=t.max_policy_lag)
         if buffer_state is not None:
@@ -110,42 +113,40 @@ class Controller(Supervision, Saving, Validation):
         else:
             self.buffer.synced_version = self.state.step
             self.buffer.started = self.state.step * t.groups_per_step
-        self._retry = list(self.state.in_flight)  # groups lost in flight at the last checkpoint
-        self._away: set[int] = set()  # workers lost that the run goes on without (supervision.py)
-        self._rejoins: list[asyncio.Task] = []  # ... each waiting for Ray to place it again
-        self._joining: set[int] = set()  # ... placed again, taking the current weights
-        self._noise_checked = False  # the teacher's noise floor against its signal (step_metrics.py)
-        self._min_workers = cfg.rollout.min_workers or len(workers)
-        self._env_error_streak: dict[int, int] = {}  # task index -> groups in a row the env failed whole
-        self.state.in_flight = []
+        self.prompts = PromptLedger(self.state, t.groups_per_step)
         self._stop = StopRequest()
-        self._committed = False  # the step in progress has begun its update: it can no longer be abandoned
-        self._checkpoint_s: float | None = None  # the last save's seconds, what a deadline keeps for the next
-        self._saved_step: int | None = self.state.step or None  # a resumed run starts at a checkpoint
-        self.abandoned_step: int | None = None  # a step given up for a stop deadline
-        self.final_skipped = False  # the last step ended under a stop deadline: no final validation
-        self._sync_lock = asyncio.Lock()  # a training step and its publish vs a weight-group re-form
-        self._trainer: asyncio.Task | None = None
-        self._n_playing, self._busy_mark = 0, time.time()
-        # Busy time already set against a step's tokens: a step's tokens/s counts the busy time
-        # since the last step ended, so groups played during a validation count too.
-        self._busy_counted, self._window_start = self.state.rollout_busy_s, time.time()
-        self.aborted = False
-        self.history: list[dict[str, float]] = []
-        # Colocated vLLM engines free their GPU memory while the learner trains (lag 0 only:
-        # then no group is in flight during the train step).
-        self._sleep_engines = (
-            cfg.cluster.colocate and cfg.rollout.engine == "vllm" and cfg.rollout.vllm.enable_sleep_mode
+        self.pool = WorkerPool(cfg, workers, learner=learner, scorer=scorer, events=self.events, counters=self.state)
+        self.validator = Validator(cfg, self.pool, method, events=self.events, outcomes=outcomes or OutcomeLog(None))
+        self.saver = StepSaver(
+            cfg,
+            checkpointer,
+            learner=learner,
+            buffer=self.buffer,
+            stop=self._stop,
+            events=self.events,
+            counters=self.state,
+            snapshot=self._snapshot,
         )
-
-    def _precisions(self) -> str:
-        r, sc = self.cfg.rollout, self.cfg.scorer
-        where = "rollout engine" if self.scorer.on_engine else f"scorer.precision={sc.precision}"
-        return f"rollout.precision={r.precision}, teacher: {where}"
+        self.env_errors = EnvErrorFilter(self.state, self.events)
+        self.meter = RolloutMeter(self.state)
+        self._noise_checked = False  # the teacher's noise floor against its signal (step_metrics.py)
+        self._trainer: asyncio.Task | None = None
+        self.aborted = False
+        self.final_skipped = False  # the last step ended under a stop deadline: no final validation
+        self.history: list[dict[str, float]] = []
 
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def abandoned_step(self) -> int | None:
+        return self.saver.abandoned_step
+
+    @property
+    def time_limited(self) -> bool:
+        """The last step was the first to end past ``trainer.time_limit_s``."""
+        return self.limits.time_limited
 
     def request_stop(self, deadline: float | None = None) -> None:
         """First call: finish the current step, checkpoint, return (Ctrl-C); with a ``deadline``
@@ -157,6 +158,14 @@ class Controller(Supervision, Saving, Validation):
         if self._trainer is not None:
             self._trainer.cancel()
 
+    def _snapshot(self) -> dict:
+        """What a checkpoint holds besides the learner's state."""
+        return {
+            "controller": dataclasses.asdict(self.state),
+            "buffer": self.buffer.state_dict(),
+            "method": self.method.state_dict(),
+        }
+
     # ----- loops ---------------------------------------------------------------------------------
     async def run(self) -> list[dict[str, float]]:
         t = self.cfg.trainer
@@ -167,75 +176,56 @@ class Controller(Supervision, Saving, Validation):
             done, _ = await asyncio.wait([trainer, *rollouts], return_when=asyncio.FIRST_COMPLETED)
             for task in done:  # a rollout loop only ends by raising; the trainer when done or stopped
                 if task is not trainer and not task.cancelled() and task.exception() is not None:
-                    await self._save_after_rollout_failure(trainer, task.exception())
+                    await self.saver.after_rollout_failure(trainer, task.exception())
                 if task is trainer and not task.cancelled() and isinstance(task.exception(), LearnerLost):
-                    self._say_where_to_resume(task.exception())
+                    self.saver.say_where_to_resume(task.exception())
                 if not (task is trainer and self.aborted):
                     task.result()
         finally:
-            await _cancel_all([trainer, *rollouts, *self._rejoins])
+            await _cancel_all([trainer, *rollouts, *self.pool.rejoins])
         if self.aborted:
             raise Aborted(f"aborted during step {self.state.step + 1} (a second stop request)")
         return self.history
 
-    def _next_task_index(self) -> int:
-        if self._retry:
-            return self._retry.pop(0)
-        idx = self.state.next_task
-        self.state.next_task += 1
-        return idx
-
     async def _rollout_loop(self, slot: int) -> None:
-        cfg, st = self.cfg, self.state
+        cfg, st, pool = self.cfg, self.state, self.pool
         while True:  # cancelled by run() once the train loop has ended
             ticket = await self.buffer.acquire_start()
-            worker = self._worker_for(slot)
-            idx = self._next_task_index()
-            st.in_flight.append(idx)
-            self._playing(+1)
+            idx = self.prompts.draw()
+            self.meter.change(+1)
             try:
-                group = await worker.run_group(
+                group = await pool.worker_for(slot).run_group(
                     task_seed=task_seed(cfg.trainer.seed, idx),
                     split=cfg.env.train_split,
                     group_size=cfg.rollout.group_size,
                     temperature=cfg.rollout.temperature,
                     sample_seed=cfg.trainer.seed * 7919 + idx,
                     view=self.method.student_view(),
-                    min_version=self._published,
+                    min_version=pool.published,
                     **self._demonstrate(ticket.deadline),
                 )
-                if not self._drop_env_errors(group, idx):
+                if not self.env_errors.keep(group, idx):
                     await self.buffer.release_start(ticket)
-                    st.in_flight.remove(idx)
-                    self._retry.insert(0, idx)
+                    self.prompts.replay(idx)
                     continue
                 if self._teacher_wanted(ticket.deadline):
-                    group = await self._score(group, slot)
+                    group = await pool.score(group, slot)
             except ActorDied as e:
                 # The worker's process died mid-group: nothing of the group is kept; the task is
                 # played again, first, from its seed, once Ray has restarted the worker.
                 await self.buffer.release_start(ticket)
-                st.in_flight.remove(idx)
-                self._retry.insert(0, idx)
+                self.prompts.replay(idx)
                 st.replayed += 1
                 self.events.record("replay", step=st.step, task=idx, actor=e.handle.name)
-                await self._worker_lost(e)
+                await pool.lost(e)
                 continue
             except BaseException:
                 await self.buffer.release_start(ticket)
                 raise
             finally:
-                self._playing(-1)
-            st.in_flight.remove(idx)
+                self.meter.change(-1)
             await self.buffer.put(ticket, group)
-
-    def _playing(self, delta: int) -> None:
-        """Count groups in play; the wall time with at least one is the rollout side's busy time."""
-        now = time.time()
-        if self._n_playing > 0:
-            self.state.rollout_busy_s += now - self._busy_mark
-        self._n_playing += delta
-        self._busy_mark = now
+            self.prompts.buffered(idx)
 
     def _demonstrate(self, deadline: int) -> dict:
         """``demonstrate=True`` when a step that may train this group learns from demonstrations."""
@@ -249,160 +239,140 @@ class Controller(Supervision, Saving, Validation):
         )
 
     async def _train_loop(self) -> None:
-        t = self.cfg.trainer
+        t, v = self.cfg.trainer, self.validator
         if self.state.step == 0 and (t.val_at_start or t.total_steps == 0):
             # the starting point (e.g. the warm start), as step 0; with no steps, also the final splits
-            metrics = await self._validate(0, notify_method=False) if t.val_at_start else {}
+            metrics = await v.validate(0, notify_method=False) if t.val_at_start else {}
             if t.total_steps == 0:
-                metrics.update(await self._final_validation(0))
-            self.logger.log(metrics, 0)
-            if self.progress is not None:
-                self.progress(0, metrics)
+                metrics.update(await v.final(0))
+            self._log(0, metrics)
         while self.state.step < t.total_steps and not self._stop.is_set():
-            metrics = await self._step_unless_out_of_time()
+            metrics = await self.saver.run_step(self._train_step)
             if metrics is None:
-                await self._keep_last_step()
+                await self.saver.keep_last_step()
                 return
             step = self.state.step
-            halt = self._count_skip(step, metrics)
-            last = step == t.total_steps or self._past_time_limit(step, metrics)
+            halt = self.limits.count_skip(step, metrics)
+            last = step == t.total_steps or self.limits.past_time_limit(step, metrics)
             hurry = self._stop.deadline is not None  # a validation could outlast the grace
             try:
                 if t.val_every and (step % t.val_every == 0 or last) and not halt and not hurry:
-                    metrics.update(await self._validate(step))
+                    metrics.update(await v.validate(step))
                 if last and not halt:
                     if hurry:
                         self.final_skipped = True
                     else:
-                        metrics.update(await self._final_validation(step))
+                        metrics.update(await v.final(step))
             except Exception as error:  # e.g. a rollout worker lost for good mid-validation
-                await self._keep_trained_step(step, metrics, error)
+                self.logger.log(metrics, step)
+                await self.saver.keep_trained_step(step, error)
                 raise
             due = (t.ckpt_every and step % t.ckpt_every == 0) or last
-            if self.checkpointer is not None and (due or halt or self._stop.is_set()):
-                metrics["time/checkpoint_s"] = await self._save(step)
+            if self.saver.enabled and (due or halt or self._stop.is_set()):
+                metrics["time/checkpoint_s"] = await self.saver.save(step)
             # New groups may start only now: at lag 0 nothing is in flight at the checkpoint.
             if not last and not self._stop.is_set():
                 await self.buffer.set_synced_version(step)
-            self.logger.log(metrics, step)
             self.history.append(metrics)
-            if self.progress is not None:
-                self.progress(step, metrics)
+            self._log(step, metrics)
             if halt:
-                where = f"; checkpoint at step {step}" if self.checkpointer is not None else ""
                 raise NonFiniteTraining(
                     f"stopping the run: {self.state.skipped_streak} training steps in a row (up to step {step}) "
-                    f"had non-finite losses or gradients, so their updates were discarded{where}; lower "
+                    f"had non-finite losses or gradients, so their updates were discarded"
+                    f"{f'; checkpoint at step {step}' if self.saver.enabled else ''}; lower "
                     f"learner.lr or check the rewards, then resume with trainer.resume=RUN_DIR"
                 )
             if last:
                 return
 
-    def _past_time_limit(self, step: int, metrics: dict[str, float]) -> bool:
-        """Whether ``step`` ended past ``trainer.time_limit_s`` (and so is the last one)."""
-        limit = self.cfg.trainer.time_limit_s
-        if limit is None or time.monotonic() - self._started_at < limit:
-            return False
-        self.time_limited = True
-        metrics["trainer/time_limited"] = 1.0
-        self.events.record("time_limit", step=step, limit_s=limit)
-        print(
-            f"privy-rl: trainer.time_limit_s={limit:g} reached: step {step} of {self.cfg.trainer.total_steps} "
-            "is the last (validated, final splits, checkpoint)",
-            file=sys.stderr,
-            flush=True,
-        )
-        return True
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        self.logger.log(metrics, step)
+        if self.progress is not None:
+            self.progress(step, metrics)
 
-    def _count_skip(self, step: int, metrics: dict[str, float]) -> bool:
-        """Count a step whose update was discarded; True when ``trainer.max_skipped_steps`` came
-        in a row (the run then checkpoints and stops)."""
-        st, limit = self.state, self.cfg.trainer.max_skipped_steps
-        if metrics.get("learner/skipped_updates", 0) > 0:
-            st.skipped, st.skipped_streak = st.skipped + 1, st.skipped_streak + 1
-            self.events.record(
-                "skip",
-                step=step,
-                updates=int(metrics["learner/skipped_updates"]),
-                nonfinite_microbatches=int(metrics.get("learner/nonfinite_microbatches", 0)),
-                in_a_row=st.skipped_streak,
-            )
-        else:
-            st.skipped_streak = 0
-        metrics["faults/skipped_steps"] = st.skipped
-        return bool(limit) and st.skipped_streak >= limit
-
+    # ----- one step: gather, assign credit, update, report ---------------------------------------------
     async def _train_step(self) -> dict[str, float]:
-        cfg, st = self.cfg, self.state
-        step = st.step
-        t0 = time.time()
-        groups = await self.buffer.take(cfg.trainer.groups_per_step, learner_version=step)
-        t1 = time.time()
+        step, clock = self.state.step, StepClock()
+        groups, metrics = await self._gather(step, clock)
+        self.saver.begin_update()  # from here the step changes the method's and the learner's state
+        credit, minibatches = self._assign_credit(groups, step, metrics)
+        clock.mark()
+        sync_metrics = await self._update(minibatches, step, metrics, clock)
+        self.state.step = step + 1
+        self.prompts.trained(len(groups))
+        metrics.update(self._report(groups, credit, sync_metrics, clock, step))
+        return metrics
+
+    async def _gather(self, step: int, clock: StepClock) -> tuple[list[EpisodeGroup], dict[str, float]]:
+        """The step's groups from the buffer, every one scored when the teacher is active."""
+        groups = await self.buffer.take(self.cfg.trainer.groups_per_step, learner_version=step)
+        clock.mark()
         metrics: dict[str, float] = {}
         if self.method.teacher_active(step):
             if self.scorer is None:
                 raise RuntimeError(f"method={self.method.name} needs a teacher scorer")
             # Normally scored as they completed; a group that was not (the teacher's schedule
             # turned on after it finished) is scored now, and the learner waits for it.
-            groups = [await self._score(g, i) if self.scorer.needs_scoring(g) else g for i, g in enumerate(groups)]
-            metrics.update(teacher_metrics(groups, self.scorer.self_teacher))
+            groups = [await self.pool.score(g, i) if self.scorer.needs_scoring(g) else g for i, g in enumerate(groups)]
+            metrics.update(teacher_metrics(groups, self.scorer.follows_policy))
             if not self._noise_checked and "noise/gap_abs_mean" in metrics:  # once, before any update
                 self._noise_checked = True
-                check_noise_floor(metrics, cfg.scorer.max_noise_ratio, self._precisions())
-        t2 = time.time()
-        self._committed = True  # from here the step changes the method's and the learner's state
+                where = f"rollout.precision={self.cfg.rollout.precision}, teacher: {self.scorer.where}"
+                check_noise_floor(metrics, self.cfg.scorer.max_noise_ratio, where)
+        clock.mark()
+        return groups, metrics
+
+    def _assign_credit(self, groups: list[EpisodeGroup], step: int, metrics: dict[str, float]):
+        """The method's credit, as the learner's mini-batches of whole groups."""
+        cfg, entropy = self.cfg, self.cfg.learner.entropy_coef
         self.method.observe(groups)  # e.g. the skills offered to these episodes and their rewards (UCB)
         credit = self.method.credit(groups, step)
         rows = rows_of(groups)
-        batch = build_train_batch(
-            rows, credit, pad_id=self.learner.pad_id, default_entropy_coef=cfg.learner.entropy_coef
-        )
+        batch = build_train_batch(rows, credit, pad_id=self.learner.pad_id, default_entropy_coef=entropy)
+        metrics["learner/unique_tokens"] = float(unique_tokens(rows))
         minibatches = [slice_rows(batch, a, b) for a, b in minibatch_bounds(groups, cfg.learner.mini_batches)]
         if cfg.trainer.skip_zero_advantage_rows and cfg.learner.kl_coef == 0:
             minibatches = [drop_silent_rows(mb, min_rows=cfg.learner.num_learners) for mb in minibatches]
             metrics["learner/skipped_rows_frac"] = 1.0 - sum(mb.n_rows for mb in minibatches) / max(batch.n_rows, 1)
-        t3 = time.time()
-        async with self._sync_lock:  # a revive re-forming the weight group waits for the publish
-            if self._sleep_engines:
-                await asyncio.gather(*[w.sleep() for w in self._live_workers()])
-            metrics.update(await self.learner.train_step(minibatches))
+        return credit, minibatches
+
+    async def _update(self, minibatches: list, step: int, metrics: dict[str, float], clock: StepClock) -> dict:
+        """Train, then publish the new weights (no weight group re-forms in between); a failed sync
+        stops the run with the trained step checkpointed (a resumed run publishes it first)."""
+        async with self.pool.sync_lock:
+            async with self.pool.engines_asleep():
+                metrics.update(await self.learner.train_step(minibatches))
             metrics.update(self.method.after_train_step(step, metrics))
-            if self._sleep_engines:
-                await asyncio.gather(*[w.wake_up() for w in self._live_workers()])
-            t4 = time.time()
+            clock.mark()
             version = step + 1
             try:
-                sync_m = await self._publish(version)
+                sync_metrics = await self.pool.publish(version)
             except WeightSyncError as e:
-                # Never go on: the workers would keep sampling with stale (or no) weights. This
-                # ends run(): the rollout loops are cancelled and run_training frees the actors.
-                # The step itself trained: checkpoint it (a resumed run publishes its weights first).
+                # Never go on: the workers would keep sampling with stale (or no) weights.
                 cause = getattr(e, "cause", None) or e  # a Ray task error wraps the receiver's own
-                where = await self._checkpoint_after_failed_sync(version)
+                where = await self.saver.after_failed_sync(version)
                 raise WeightSyncError(
                     f"stopping the run: syncing the weights of step {version} failed ({cause}); {where}"
                 ) from e
-        t5 = time.time()
-        st.step = self._published = version
-        metrics.update(credit.metrics)
-        metrics.update(sync_m)
-        metrics.update(rollout_metrics(groups, self.method.invalid_action_penalty))
-        metrics.update(self.buffer.stats.as_metrics())
-        metrics.update(
-            {
-                "faults/restarts": st.restarts,
-                "faults/replayed_groups": st.replayed,
-                "faults/env_error_episodes": st.env_error_episodes,
-                "faults/env_error_groups": st.env_error_groups,
-                "rollout/live_workers": len(self.workers) - len(self._away),
-            }
-        )
-        self._playing(0)  # bring the busy time up to now
-        busy = st.rollout_busy_s - self._busy_counted
-        window = t5 - self._window_start  # since the last step ended (a validation included)
-        self._busy_counted, self._window_start = st.rollout_busy_s, t5
-        metrics.update(step_timing([t0, t1, t2, t3, t4, t5], busy, window, groups, step))
-        return metrics
+        clock.mark()
+        return sync_metrics
+
+    def _report(self, groups: list[EpisodeGroup], credit, sync_metrics: dict, clock: StepClock, step: int) -> dict:
+        st = self.state
+        busy, window = self.meter.window(clock.marks[-1])
+        return {
+            **credit.metrics,
+            **sync_metrics,
+            **rollout_metrics(groups, self.method.invalid_action_penalty),
+            **self.buffer.stats.as_metrics(),
+            "faults/restarts": st.restarts,
+            "faults/replayed_groups": st.replayed,
+            "faults/env_error_episodes": st.env_error_episodes,
+            "faults/env_error_groups": st.env_error_groups,
+            "rollout/live_workers": self.pool.n_live,
+            **self.prompts.metrics(len(self.buffer)),
+            **clock.metrics(busy, window, groups, step),
+        }
 
 
 async def _cancel_all(tasks: list[asyncio.Task], grace_s: float = 60.0) -> None:

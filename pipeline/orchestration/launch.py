@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from pathlib import Path
 
 from pipeline.core.config import ConfigError, PrivyConfig
 from pipeline.core.runtime_env import set_process_env
+from pipeline.orchestration.resources import actor_threads, report_hardware, rollout_concurrency
 
 
 def check_launch(cfg: PrivyConfig):
@@ -49,29 +49,30 @@ def check_launch(cfg: PrivyConfig):
             f"trainer.val_every={need_val} (got {cfg.trainer.val_every})"
         )
     spec = method.teacher_spec()
-    if cfg.scorer.placement == "engine" and spec is not None and spec.source != "self":
+    if cfg.scorer.placement == "engine" and spec is not None and not spec.follows_policy:
         raise ConfigError(
             f"scorer.placement=engine scores on the rollout engine, which holds the policy; "
-            f"method={method.name}'s teacher is a {spec.source} checkpoint: use scorer.placement=actor"
+            f"method={method.name}'s teacher has weights of its own: use scorer.placement=actor"
         )
     vllm_scores = (cfg.scorer.placement == "engine" and cfg.rollout.engine == "vllm") or (
         cfg.scorer.placement == "actor" and cfg.scorer.engine == "vllm"
     )
-    if spec is not None and spec.support_k and vllm_scores:
+    if spec is not None and spec.needs.whole_distribution and vllm_scores:
         raise ConfigError(
-            f"method={method.name}: estimator topk_rkl scores the teacher at the student's top-k token ids, "
-            "and vLLM's prompt log-probs give the teacher's own top-k: score with HF (scorer.placement=actor "
-            "scorer.engine=hf, or scorer.placement=engine rollout.engine=hf)"
+            f"method={method.name}: {spec.needs.asked_by} needs the teacher's whole distribution (a top-k "
+            "support or a channel), and vLLM's prompt log-probs give the sampled tokens' only: score with HF "
+            "(scorer.placement=actor scorer.engine=hf, or scorer.placement=engine rollout.engine=hf)"
         )
     from pipeline.distributed.placement import check_launch_gpus, plan_placement
 
     check_launch_gpus(cfg, plan_placement(cfg, with_scorer=scorer_actor(cfg, method)))
     need = cfg.rollout.num_workers * cfg.rollout.num_cpus + cfg.learner.num_learners * cfg.learner.num_cpus
+    need += cfg.scorer.num_cpus if scorer_actor(cfg, method) else 0.0
     have = cfg.cluster.num_cpus or os.cpu_count() or 1
     if cfg.cluster.address is None and need > have:
         raise ConfigError(
             f"the actors ask for {need:g} CPUs but the local Ray has {have}: lower "
-            "rollout.num_cpus / learner.num_cpus (fractions are fine) or the actor counts"
+            "rollout.num_cpus / learner.num_cpus / scorer.num_cpus (fractions are fine) or the actor counts"
         )
     return method, penalty
 
@@ -95,28 +96,6 @@ def _check_splits(cfg: PrivyConfig) -> None:
             raise ConfigError(f"{field_name}={split!r}: {e}") from None
 
 
-def actor_threads(cfg: PrivyConfig) -> int:
-    """Torch threads per actor. At lag 0 rollout, scorer and learner take turns (each waits for the
-    other), so each gets every core; at lag > 0 rollout workers and learner ranks run at the same
-    time and split the cores, so that together they never oversubscribe them."""
-    if cfg.cluster.threads_per_actor:
-        return cfg.cluster.threads_per_actor
-    cores = cfg.cluster.num_cpus or os.cpu_count() or 1
-    if cfg.trainer.max_policy_lag == 0:
-        return cores
-    return max(1, cores // (cfg.rollout.num_workers + cfg.learner.num_learners))
-
-
-def rollout_concurrency(cfg: PrivyConfig) -> int:
-    """Actor threads per rollout worker: one per group it may have in flight (its training loops
-    and, at lag > 0 at the same time, its validation tasks), plus a few so that weight calls never
-    queue behind groups."""
-    w = cfg.rollout.num_workers
-    train = -(-(cfg.trainer.max_policy_lag + 1) * cfg.trainer.groups_per_step // w)
-    val = -(-cfg.trainer.val_tasks // w)
-    return train + val + 4
-
-
 def check_model(cfg: PrivyConfig, model_path: str):
     """Before Ray starts: the tokenizer loads and has a chat template (its own or
     ``model.chat_template``). Returns the tokenizer."""
@@ -129,19 +108,6 @@ def check_model(cfg: PrivyConfig, model_path: str):
             "set model.chat_template=chatml|llama3|qwen2|gemma or a path to a Jinja file"
         )
     return tok
-
-
-def report_hardware(run_dir: Path, infos: dict[str, dict]) -> str:
-    """One line naming each actor's precision and threads, with the reason; written to
-    ``hardware.json`` in the run dir. Warnings (explicit bf16 without native support) follow."""
-    (run_dir / "hardware.json").write_text(json.dumps(infos, indent=1))
-    parts = [f"{who} {i['precision']} x{i['threads']} threads" for who, i in infos.items()]
-    reasons = sorted({i["reason"] for i in infos.values()})
-    line = "privy-rl: precision: " + ", ".join(parts) + " (" + "; ".join(reasons) + ")"
-    print(line, file=sys.stderr, flush=True)
-    for warning in sorted({i["warning"] for i in infos.values() if i.get("warning")}):
-        print(f"privy-rl: warning: {warning}", file=sys.stderr, flush=True)
-    return line
 
 
 def start_ray(cfg: PrivyConfig) -> None:
@@ -186,29 +152,49 @@ def start_ray(cfg: PrivyConfig) -> None:
 
 
 def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None = None):
-    """Learner ranks, rollout workers and (if the method has a teacher) the scorer."""
-    import ray
-
-    from actors.handles import LearnerGroup, RayRollout
-    from actors.learner_actor import LearnerActor
-    from actors.rollout import RolloutWorker
-    from actors.scorer import TeacherScorer, TeacherScorerWorker
-    from pipeline.context.prompts import TeacherPrompts
-    from pipeline.distributed.placement import check_launch_gpus, plan_placement, reserve
-    from pipeline.models import load_tokenizer
-
+    """Learner ranks, rollout workers and (if the method has a teacher) the scorer, in one
+    placement reservation. Returns (learner group, worker handles, scorer or None, every Ray
+    handle to free at the end, the reservation last)."""
     n_threads = actor_threads(cfg)
-    threads = {"env_vars": {"OMP_NUM_THREADS": str(n_threads), "MKL_NUM_THREADS": str(n_threads)}}
-    # One placement group for the whole run (cluster.placement=none: none, Ray places each actor).
+    env = {"OMP_NUM_THREADS": str(n_threads), "MKL_NUM_THREADS": str(n_threads)}
+    placement = _reserve(cfg, method)
+    ranks = _start_learner_ranks(cfg, model_path, placement, env, n_threads)
+    workers = _start_rollout_workers(cfg, model_path, placement, env, n_threads)
+    prompts = _teacher_prompts(cfg, model_path)
+    method.attach(prompts)
+    scorer = _start_scorer(cfg, model_path, method.teacher_spec(), prompts, placement, env, n_threads)
+    scorer_actor = scorer.route.actor if scorer is not None else None
+    handles = [*ranks, *(w.actor for w in workers), *([scorer_actor] if scorer_actor is not None else [])]
+    handles.append(placement)  # last: free_actors removes the placement group after the actors
+    try:
+        learner = _set_up_learner(cfg, ranks, prompts.tok)
+    except BaseException:
+        free_actors(handles)
+        raise
+    if run_dir is not None:
+        _report_actors(run_dir, ranks, workers, scorer_actor)
+    return learner, workers, scorer, handles
+
+
+def _reserve(cfg: PrivyConfig, method):
+    """One placement group for the whole run (cluster.placement=none: none, Ray places each actor)."""
+    from pipeline.distributed.placement import check_launch_gpus, plan_placement, reserve
+
     plan = plan_placement(cfg, with_scorer=scorer_actor(cfg, method))
     check_launch_gpus(cfg, plan)  # Ray is up now: the cluster's GPUs are known
-    placement = reserve(plan, cfg.cluster.placement_timeout_s)
-    learner_env = threads
+    return reserve(plan, cfg.cluster.placement_timeout_s)
+
+
+def _start_learner_ranks(cfg: PrivyConfig, model_path: str, placement, env: dict, n_threads: int) -> list:
+    import ray
+
+    from actors.learner_actor import LearnerActor
+
     if cfg.learner.num_gpus > 0:
-        learner_env = {"env_vars": {**threads["env_vars"], "DS_ACCELERATOR": "cuda"}}
+        env = {**env, "DS_ACCELERATOR": "cuda"}
     learner_cls = ray.remote(LearnerActor)
-    ranks = [
-        learner_cls.options(**placement.learner(r), runtime_env=learner_env).remote(
+    return [
+        learner_cls.options(**placement.learner(r), runtime_env={"env_vars": env}).remote(
             cfg.learner,
             model_path,
             temperature=cfg.rollout.temperature,
@@ -220,14 +206,21 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
         )
         for r in range(cfg.learner.num_learners)
     ]
-    tok = load_tokenizer(model_path, cfg.model.chat_template)
-    # A rollout worker or the scorer whose process dies is restarted by Ray (its constructor runs
-    # again); the controller replays what it lost and gives it the current weights.
-    restarts = cfg.cluster.max_restarts
+
+
+def _start_rollout_workers(cfg: PrivyConfig, model_path: str, placement, env: dict, n_threads: int) -> list:
+    """A rollout worker whose process dies is restarted by Ray (its constructor runs again); the
+    controller replays what it lost and gives it the current weights."""
+    import ray
+
+    from actors.handles import RayRollout
+    from actors.rollout import RolloutWorker
+
     rollout_cls = ray.remote(max_concurrency=rollout_concurrency(cfg))(RolloutWorker)
-    workers = [
+    opts = {"runtime_env": {"env_vars": env}, "max_restarts": cfg.cluster.max_restarts}
+    return [
         RayRollout(
-            rollout_cls.options(**placement.rollout(i), runtime_env=threads, max_restarts=restarts).remote(
+            rollout_cls.options(**placement.rollout(i), **opts).remote(
                 cfg.rollout, cfg.env, model_path, worker_id=i, threads=n_threads, chat_template=cfg.model.chat_template
             ),
             name=f"rollout worker {i}",
@@ -235,67 +228,76 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
         )
         for i in range(cfg.rollout.num_workers)
     ]
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    # The teacher prompt may exceed the student's budget by the privileged text, never the model.
-    max_total = int(getattr(_model_config(model_path), "max_position_embeddings", 8192))
-    prompts = TeacherPrompts(tok, max_total)
-    method.attach(prompts)
-    scorer, actors = None, [*ranks, *(w.actor for w in workers)]
-    spec = method.teacher_spec()
-    if spec is not None and not scorer_actor(cfg, method):  # the rollout engines score (checked at launch)
-        scorer = TeacherScorer(
-            None,
-            spec,
-            prompts,
-            timeout_s=cfg.scorer.timeout_s,
-            noise_floor=cfg.scorer.noise_floor,
-            micro_batch_tokens=cfg.scorer.micro_batch_tokens or cfg.learner.micro_batch_tokens,
-        )
-    elif spec is not None:
-        path = model_path if spec.source == "self" else spec.frozen_path
-        # The scorer works while the learner waits for it (or between steps): no CPU reservation.
+
+
+def _teacher_prompts(cfg: PrivyConfig, model_path: str):
+    """The driver's prompt builder for privileged prompts: they may exceed the student's budget by
+    the privileged text, never the model's positions."""
+    from pipeline.context.prompts import TeacherPrompts
+    from pipeline.models import load_tokenizer
+
+    tok = load_tokenizer(model_path, cfg.model.chat_template)
+    return TeacherPrompts(tok, int(getattr(_model_config(model_path), "max_position_embeddings", 8192)))
+
+
+def _start_scorer(cfg: PrivyConfig, model_path: str, spec, prompts, placement, env: dict, n_threads: int):
+    """The teacher scorer of ``spec`` (None: no teacher, or one the learner runs) and its route:
+    the rollout engines (``scorer.placement=engine``, checked at launch to hold the policy) or an
+    actor of its own with ``scorer.num_cpus`` / ``num_gpus`` (none by default: it shares a node)."""
+    if spec is None:
+        return None
+    import ray
+
+    from actors.scorer import ActorRoute, EngineRoute, TeacherScorer, TeacherScorerWorker
+
+    sc = cfg.scorer
+    mbt = sc.micro_batch_tokens  # None: each row its own forward, unpadded
+    if sc.placement == "engine":
+        route = EngineRoute(micro_batch_tokens=mbt, timeout_s=sc.timeout_s)
+    else:
         actor = (
             ray.remote(TeacherScorerWorker)
-            .options(**placement.scorer(), runtime_env=threads, max_restarts=restarts)
+            .options(**placement.scorer(), runtime_env={"env_vars": env}, max_restarts=cfg.cluster.max_restarts)
             .remote(
-                path,
+                spec.weights_path or model_path,
                 temperature=cfg.rollout.temperature,
-                micro_batch_tokens=cfg.scorer.micro_batch_tokens or cfg.learner.micro_batch_tokens,
-                precision=cfg.scorer.precision,
-                device="cuda" if cfg.scorer.num_gpus > 0 else "cpu",
+                micro_batch_tokens=mbt,
+                precision=sc.precision,
+                device="cuda" if sc.num_gpus > 0 else "cpu",
                 threads=n_threads,
-                engine=cfg.scorer.engine,
+                engine=sc.engine,
                 vllm=cfg.rollout.vllm,
                 chat_template=cfg.model.chat_template,
             )
         )
-        scorer = TeacherScorer(actor, spec, prompts, timeout_s=cfg.scorer.timeout_s, noise_floor=cfg.scorer.noise_floor)
-        actors.append(actor)
-    actors.append(placement)  # last: _kill removes the placement group after the actors
-    try:
-        # The ranks meet at rank 0's node (its IP: ranks may sit on several nodes), at the store
-        # it binds there; every rank blocks in setup until all have joined.
-        master = ray.get(ranks[0].node_address.remote(), timeout=900)
-        ray.get([rk.setup.remote(*master) for rk in ranks], timeout=900)
-    except BaseException:
-        free_actors(actors)
-        raise
+        route = ActorRoute(actor, follows_policy=spec.follows_policy, precision=sc.precision, timeout_s=sc.timeout_s)
+    return TeacherScorer(route, spec, prompts, noise_floor=sc.noise_floor)
+
+
+def _set_up_learner(cfg: PrivyConfig, ranks: list, tok):
+    """The ranks meet at rank 0's node (its IP: ranks may sit on several nodes), at the store it
+    binds there; every rank blocks in setup until all have joined."""
+    import ray
+
+    from actors.handles import LearnerGroup
+
+    master = ray.get(ranks[0].node_address.remote(), timeout=900)
+    ray.get([rk.setup.remote(*master) for rk in ranks], timeout=900)
     ray.get([rk.ping.remote() for rk in ranks], timeout=900)  # surface setup errors now
-    if run_dir is not None:
-        infos = {
-            f"learner{r}": info for r, info in enumerate(ray.get([rk.hardware.remote() for rk in ranks], timeout=900))
-        }
-        infos.update(
-            {
-                f"rollout{i}": info
-                for i, info in enumerate(ray.get([w.actor.hardware.remote() for w in workers], timeout=900))
-            }
-        )
-        if scorer is not None and scorer.actor is not None:
-            infos["scorer"] = ray.get(scorer.actor.hardware.remote(), timeout=900)
-        report_hardware(run_dir, infos)
     node_ids = ray.get([rk.node_id.remote() for rk in ranks], timeout=900)
-    return LearnerGroup(ranks, pad_id, cfg.learner.call_timeout_s, node_ids), workers, scorer, actors
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    return LearnerGroup(ranks, pad_id, cfg.learner.call_timeout_s, node_ids)
+
+
+def _report_actors(run_dir: Path, ranks: list, workers: list, scorer_actor) -> None:
+    import ray
+
+    infos = {f"learner{r}": info for r, info in enumerate(ray.get([rk.hardware.remote() for rk in ranks], timeout=900))}
+    hw = ray.get([w.actor.hardware.remote() for w in workers], timeout=900)
+    infos.update({f"rollout{i}": info for i, info in enumerate(hw)})
+    if scorer_actor is not None:
+        infos["scorer"] = ray.get(scorer_actor.hardware.remote(), timeout=900)
+    report_hardware(run_dir, infos)
 
 
 def _model_config(model_path: str):
@@ -335,3 +337,38 @@ def free_actors(actors: list) -> None:
                 ray.kill(a)
         except Exception:  # already dead
             pass
+
+
+# ----- the same parts in this process (the warm start, feedback selection): launch is the one door --------
+def local_env(env_cfg, split: str):
+    """The run's env on ``split``, in this process."""
+    from envs import make_env
+
+    return make_env(env_cfg.name, env_cfg.options, split)
+
+
+def local_learner(learner_cfg, model_path: str, *, total_steps: int, seed: int, temperature: float = 1.0):
+    """A learner of one rank in this process, set up (its own single-rank process group)."""
+    from actors.learner import LearnerWorker
+    from actors.learner_setup import init_process_group_env
+    from pipeline.distributed.rendezvous import host_store
+
+    init_process_group_env(0, 1, "127.0.0.1", host_store(60.0))
+    learner = LearnerWorker(learner_cfg, model_path, temperature=temperature, total_steps=total_steps, seed=seed)
+    learner.setup()
+    return learner
+
+
+def save_local_learner(learner, out: str | Path, model_path: str) -> None:
+    """The learner's model as an HF directory, with ``model_path``'s tokenizer."""
+    from actors.learner_setup import copy_tokenizer
+
+    learner.module.save_pretrained(str(out), state_dict=learner.state_dict_for_sync(), safe_serialization=True)
+    copy_tokenizer(model_path, Path(out))
+
+
+def local_rollout_worker(rollout_cfg, env_cfg, model_path: str, engine=None):
+    """A rollout worker in this process (``engine=None``: its HF engine at ``rollout_cfg.precision``)."""
+    from actors.rollout import RolloutWorker
+
+    return RolloutWorker(rollout_cfg, env_cfg, model_path, engine=engine)

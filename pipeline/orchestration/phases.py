@@ -36,7 +36,7 @@ def resume_phases(cfg: PrivyConfig, method, run_dir: Path, train: Callable) -> s
         return cfg.trainer.resume
     root = phase_root(cfg.trainer.resume)
     try:
-        return str(resolve_checkpoint(root))  # the second phase has a checkpoint: continue it
+        return str(resolve_checkpoint(root, set_aside=True))  # the second phase has a checkpoint: continue it
     except FileNotFoundError:
         pass
     phase1 = root / PHASE1_DIR
@@ -56,7 +56,7 @@ def auto_resume(method, run_dir: Path) -> str | None:
     from pipeline.orchestration.checkpoint import resolve_checkpoint
 
     try:
-        found = str(resolve_checkpoint(run_dir))
+        found = str(resolve_checkpoint(run_dir, set_aside=True))
     except FileNotFoundError:
         found = (
             str(run_dir / PHASE1_DIR) if method.prerequisite() is not None and (run_dir / PHASE1_DIR).is_dir() else None
@@ -106,6 +106,9 @@ def run_prerequisite(cfg: PrivyConfig, method, run_dir: Path, train: Callable, r
     cfg1.trainer.total_steps = method.prerequisite_steps()
     cfg1.trainer.resume = None
     cfg1.trainer.run_dir = None
+    # The teacher is chosen on valid (its success there is SR_T): the test split is read once, at
+    # the end of the run that reports it, never by a first phase.
+    cfg1.trainer.final_val_splits = []
     if cfg1.trainer.val_every == 0:
         raise ConfigError(
             f"method={method.name} measures its teacher's success rate by validation: set trainer.val_every > 0"
@@ -113,7 +116,7 @@ def run_prerequisite(cfg: PrivyConfig, method, run_dir: Path, train: Callable, r
     final = f"step_{cfg1.trainer.total_steps:06d}"
     if resume_from is not None:
         try:
-            ckpt = resolve_checkpoint(resume_from)
+            ckpt = resolve_checkpoint(resume_from, set_aside=True)
         except FileNotFoundError:
             ckpt = None  # it died before its first checkpoint: train it again
         done = method.finished_prerequisite(ckpt / "hf") if ckpt is not None and ckpt.name == final else None

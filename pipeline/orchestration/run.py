@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import signal
+import os
 import sys
 import time
 from pathlib import Path
 
 from pipeline.core.config import ConfigError, PrivyConfig
+from pipeline.core.provenance import source
 from pipeline.core.runtime_env import set_process_env
 from pipeline.orchestration.launch import (
     build_actors,
@@ -26,6 +26,9 @@ from pipeline.orchestration.launch import (
     start_ray,
 )
 from pipeline.orchestration.phases import auto_resume, resume_phases, run_prerequisite, supersede_metrics
+from pipeline.orchestration.signals import RunStopped, StopSignals, abort_line, ask_to_stop
+
+__all__ = ["Progress", "RunStopped", "run_training"]
 
 
 class Progress:
@@ -56,59 +59,113 @@ class Progress:
 
 
 def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]]:
-    """Train; returns the per-step metrics. Raises ConfigError for a bad config."""
-    from omegaconf import OmegaConf
-
-    from pipeline.models import resolve_model
-    from pipeline.orchestration.checkpoint import Checkpointer, load_state, resolve_checkpoint
-    from pipeline.orchestration.controller import Controller, ControllerState
-    from pipeline.orchestration.logging import EventLog, OutcomeLog, make_logger
-
+    """Train; returns the per-step metrics. Raises ConfigError for a bad config, RunStopped when
+    a signal stopped the run (``signals.py``: at any moment, the start-up included)."""
     started_at = time.monotonic()  # trainer.time_limit_s counts from here: a run's wall time, startup included
+    with StopSignals() as signals:
+        return _run(cfg, Path(run_dir), signals, started_at)
+
+
+def _run(cfg: PrivyConfig, run_dir: Path, signals: StopSignals, started_at: float) -> list[dict[str, float]]:
+    code = source()  # the commit and tree this run imports, read before it trains (the tree may move)
     set_process_env()
-    run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    method, resume_state, ckpt = _prepare(cfg, run_dir, signals)
+    model_path = _model(cfg, run_dir, signals)
+    signals.during("Ray and the actors' start-up")
+    print("privy-rl: starting Ray and the actors...", file=sys.stderr, flush=True)  # closed by the precision line
+    with signals.ray_starting():
+        start_ray(cfg)
+    learner, workers, scorer, actors = build_actors(cfg, model_path, method, run_dir)
+    controller = None
+    try:
+        init_weight_sync(cfg, learner, workers, scorer, actors)
+        controller = _controller(cfg, run_dir, method, resume_state, ckpt, (learner, workers, scorer), started_at)
+        t0 = time.time()
+        history = _drive(controller, signals, cfg, run_dir)
+    finally:
+        if controller is not None:
+            controller.progress.close()
+            controller.logger.close()
+            controller.events.close()
+        free_actors(actors)
+    _write_summary(run_dir, controller, history, time.time() - t0, code)
+    _say_if_stopped(cfg, run_dir, controller, signals)
+    return history
+
+
+def _prepare(cfg: PrivyConfig, run_dir: Path, signals: StopSignals):
+    """The checks, a first phase, and the state a resume starts from: (method, state, ckpt)."""
+    from pipeline.orchestration.checkpoint import load_state, resolve_checkpoint
+
     method, _ = check_launch(cfg)
-    if cfg.trainer.resume == "auto":
-        cfg.trainer.resume = auto_resume(method, run_dir)
+    with signals.deferred():  # may set metrics lines aside: written whole or not at all
+        if cfg.trainer.resume == "auto":
+            cfg.trainer.resume = auto_resume(method, run_dir)
+    signals.during("the resume's checks")
     if cfg.trainer.resume:  # may first finish a first phase that died, then start this one fresh
         resume = resume_phases(cfg, method, run_dir, run_training)
     else:
         resume = None
         run_prerequisite(cfg, method, run_dir, run_training)
-    resume_state = None
-    if resume:
-        try:
-            ckpt = resolve_checkpoint(resume)
-        except FileNotFoundError as e:
-            raise ConfigError(str(e)) from None
-        resume_state = load_state(ckpt)
-        method.load_state_dict(resume_state["method"])  # before the actors: it may name a teacher
-        supersede_metrics(run_dir, resume_state["controller"]["step"])
+    if not resume:
+        return method, None, None
+    try:
+        ckpt = resolve_checkpoint(resume, set_aside=True)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    state = load_state(ckpt)
+    method.load_state_dict(state["method"])  # before the actors: it may name a teacher
+    with signals.deferred():
+        supersede_metrics(run_dir, state["controller"]["step"])
+    return method, state, ckpt
+
+
+def _model(cfg: PrivyConfig, run_dir: Path, signals: StopSignals) -> str:
+    """The model the actors load (built or read from the cache; the warm start's clone), and the
+    run's config written beside it."""
+    from omegaconf import OmegaConf
+
+    from pipeline.models import resolve_model
+
+    signals.during("the model's preparation")
     model_path = str(resolve_model(cfg.model.path or cfg.model.name, cache_dir=cfg.model.cache_dir))
     check_model(cfg, model_path)
     if cfg.warm_start.enabled:  # built once per config, then read from the cache
         from pipeline.orchestration.warm_start import ensure_warm_start
 
+        signals.during("the warm start")
         model_path = str(ensure_warm_start(cfg, model_path))
-        # which clone the run started from (its rows, NLL, seconds, cache key): kept with the run
-        shutil.copyfile(Path(model_path) / "privy_model.json", run_dir / "warm_start.json")
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        with signals.deferred():  # which clone the run started from (its rows, NLL, seconds, cache key)
+            _write(run_dir / "warm_start.json", (Path(model_path) / "privy_model.json").read_text())
+    with signals.deferred():
+        _write(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    return model_path
 
-    start_ray(cfg)
-    learner, workers, scorer, actors = build_actors(cfg, model_path, method, run_dir)
-    init_weight_sync(cfg, learner, workers, scorer, actors)
-    state = None
-    buffer_state = None
+
+def _write(path: Path, text: str) -> None:
+    """``path`` whole or not at all (written beside it, then renamed)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _controller(cfg: PrivyConfig, run_dir: Path, method, resume_state, ckpt, actors, started_at: float):
+    """The controller over the started actors, a resume's state loaded into them."""
+    from omegaconf import OmegaConf
+
+    from pipeline.orchestration.checkpoint import Checkpointer
+    from pipeline.orchestration.controller import Controller, ControllerState
+    from pipeline.orchestration.logging import EventLog, OutcomeLog, make_logger
+
+    learner, workers, scorer = actors
+    state = buffer_state = wandb_id = None
     if resume_state is not None:
         asyncio.run(learner.load(str(ckpt)))
         state = ControllerState(**resume_state["controller"])
-        buffer_state = resume_state["buffer"]
-    wandb_id = resume_state.get("wandb_id") if resume_state else None
+        buffer_state, wandb_id = resume_state["buffer"], resume_state.get("wandb_id")
     logger = make_logger(cfg.logger, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg)), wandb_id)
     extra = {"wandb_id": getattr(logger.sinks[-1], "run_id", None) if logger.sinks else None}
-    start_step = state.step if state else 0
-    progress = Progress(cfg.trainer.total_steps, start_step, cfg.logger.progress)
     controller = Controller(
         cfg,
         learner=learner,
@@ -117,7 +174,7 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
         logger=logger,
         checkpointer=Checkpointer(run_dir, cfg.trainer.keep_checkpoints, extra),
         scorer=scorer,
-        progress=progress,
+        progress=Progress(cfg.trainer.total_steps, state.step if state else 0, cfg.logger.progress),
         state=state,
         buffer_state=buffer_state,
         events=EventLog(run_dir / "events.jsonl"),
@@ -126,79 +183,56 @@ def run_training(cfg: PrivyConfig, run_dir: str | Path) -> list[dict[str, float]
     )
     if resume_state is not None:
         # Rollout workers (and a self-teacher) start from the initial weights: sync them first.
-        asyncio.run(learner.publish(start_step, workers, scorer))
+        asyncio.run(learner.publish(controller.state.step, workers, scorer))
+    return controller
 
-    def on_signal(signum: int) -> None:
-        name = signal.Signals(signum).name
-        if controller.stopping:
-            print(f"privy-rl: second stop request ({name}): aborting now", file=sys.stderr, flush=True)
-            controller.request_stop()
-        elif signum == signal.SIGTERM:  # a cluster's stop: SIGKILL follows after its grace
-            grace = cfg.trainer.stop_grace_s
-            print(
-                f"privy-rl: SIGTERM: finishing step {controller.state.step + 1} if it can be checkpointed "
-                f"within trainer.stop_grace_s={grace:g}, else keeping step {controller.state.step}; no more "
-                "validation",
-                file=sys.stderr,
-                flush=True,
-            )
-            controller.request_stop(deadline=time.monotonic() + grace)
-        else:
-            print(
-                f"privy-rl: Ctrl-C: finishing step {controller.state.step + 1}, then saving a checkpoint "
-                "(Ctrl-C again aborts at once)",
-                file=sys.stderr,
-                flush=True,
-            )
-            controller.request_stop()
-        stopped_by.append(signum)
 
-    stopped_by: list[int] = []
+def _drive(controller, signals: StopSignals, cfg: PrivyConfig, run_dir: Path) -> list[dict[str, float]]:
+    """Run the controller, signals turned into stop requests; a third one aborts (``Aborted``),
+    said as what it loses."""
+    from pipeline.orchestration.controller import Aborted
 
     async def main():
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):  # replaces Ray's SIGTERM handler (an exit at once)
-            try:
-                loop.add_signal_handler(signum, on_signal, signum)
-            except (NotImplementedError, RuntimeError):  # not the main thread (e.g. under a test runner)
-                pass
-        return await controller.run()
+        def on_stop(signum: int, n: int) -> None:
+            ask_to_stop(controller, cfg.trainer.stop_grace_s, signum, n)
 
-    t0 = time.time()
+        with signals.controller(asyncio.get_running_loop(), on_stop):
+            return await controller.run()
+
     try:
-        history = asyncio.run(main())
-    finally:
-        progress.close()
-        logger.close()
-        controller.events.close()
-        free_actors(actors)
+        return asyncio.run(main())
+    except Aborted:
+        raise RunStopped(abort_line(controller, run_dir, cfg.trainer.total_steps), signum=signals.first) from None
+
+
+def _write_summary(run_dir: Path, controller, history: list, seconds: float, code: dict) -> None:
     summary = {
         "steps": controller.state.step,
         "time_limited": controller.time_limited,  # ended by trainer.time_limit_s before total_steps
-        "seconds": time.time() - t0,
+        "seconds": seconds,
         "first": history[0] if history else {},
         "last": history[-1] if history else {},
+        **code,  # "commit", "clean": scripts/results.py check reads them per run
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
-    if controller.stopping and (controller.state.step < cfg.trainer.total_steps or controller.final_skipped):
-        step, signum = controller.state.step, (stopped_by or [signal.SIGINT])[0]
-        if controller.final_skipped:
-            then = (
-                f"checkpoint saved; the final validation was skipped: evaluate {run_dir}/checkpoints/"
-                f"step_{step:06d}/hf with trainer.total_steps=0 model=hf_path model.path=..."
-            )
-        elif step == 0:
-            then = "no step was trained, nothing to save: start the run again"
-        else:
-            then = f"checkpoint saved; continue with trainer.resume={run_dir}"
-        raise RunStopped(f"stopped after step {step} of {cfg.trainer.total_steps}; {then}", signum=signum)
-    return history
 
 
-class RunStopped(KeyboardInterrupt):
-    """The run stopped early on request (Ctrl-C, SIGTERM) after checkpointing; the message says how
-    to resume. ``signum``: the signal that asked (the process exits with 128 + it)."""
-
-    def __init__(self, message: str, signum: int = signal.SIGINT):
-        super().__init__(message)
-        self.signum = int(signum)
+def _say_if_stopped(cfg: PrivyConfig, run_dir: Path, controller, signals: StopSignals) -> None:
+    """A run a signal stopped ends with RunStopped: which step is saved (or that none is) and how
+    to go on; the exit status follows the first signal."""
+    total = cfg.trainer.total_steps
+    if not controller.stopping or (controller.state.step >= total and not controller.final_skipped):
+        return
+    step, saved = controller.state.step, controller.saver.saved_step
+    if controller.final_skipped:
+        then = (
+            f"step {step} is saved; the final validation was skipped: evaluate {run_dir}/checkpoints/"
+            f"step_{step:06d}/hf with trainer.total_steps=0 model=hf_path model.path=..."
+        )
+    elif step == 0:
+        then = "no step was trained, nothing is saved: start the run again"
+    elif saved == step:
+        then = f"step {step} is saved; continue with trainer.resume={run_dir}"
+    else:
+        then = f"step {step} could not be saved (last saved: {saved or 'none'}); see the error above"
+    raise RunStopped(f"stopped after step {step} of {total}; {then}", signum=signals.first)

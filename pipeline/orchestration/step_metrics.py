@@ -9,33 +9,7 @@ from typing import Any
 from pipeline.core.types import EpisodeGroup, criterion_pass_rates
 
 
-def step_timing(
-    marks: list[float], busy: float, window: float, groups: list[EpisodeGroup], step: int
-) -> dict[str, float]:
-    """Where a training step's time went. ``marks``: the step's start, the groups taken, scored,
-    credited, trained, published; ``busy``: the wall time the rollout side was busy since the last
-    step ended, ``window`` that time (a validation included)."""
-    t0, t1, t2, t3, t4, t5 = marks
-    step_s = t5 - t0
-    return {
-        "time/step_s": step_s,
-        "time/wait_rollout_s": t1 - t0,
-        "time/wait_teacher_s": t2 - t1,
-        "time/credit_s": t3 - t2,
-        "time/train_s": t4 - t3,
-        "time/sync_s": t5 - t4,
-        "time/learner_idle_frac": (t1 - t0 + t2 - t1) / max(step_s, 1e-9),
-        "time/rollout_idle_frac": max(0.0, 1.0 - busy / max(window, 1e-9)),
-        # tokens of the groups trained this step over the wall time the rollout side was busy
-        # (groups in flight overlap: summing their own seconds would count the same second twice)
-        "rollout/tokens_per_s": sum(g.n_generated_tokens for g in groups) / max(busy, 1e-9),
-        "rollout/group_seconds": sum(g.rollout_seconds for g in groups) / max(len(groups), 1),
-        "sync/step_fraction": (t5 - t4) / max(step_s, 1e-9),
-        "rollout/policy_lag_max": step - min(g.min_version for g in groups),
-    }
-
-
-def teacher_metrics(groups: list[EpisodeGroup], self_teacher: bool) -> dict[str, float]:
+def teacher_metrics(groups: list[EpisodeGroup], follows_policy: bool) -> dict[str, float]:
     """The scorer's work on the step's groups (done while they completed, off the learner's path)."""
     rows = [r for g in groups for r in g.rows()]
     scored = [r for r in rows if r.teacher_logprobs is not None]
@@ -44,7 +18,7 @@ def teacher_metrics(groups: list[EpisodeGroup], self_teacher: bool) -> dict[str,
         "teacher/rows_scored_frac": len(scored) / max(len(rows), 1),
         "teacher/prompt_tokens": sum(g.teacher_prompt_tokens for g in groups) / max(len(scored), 1),
     }
-    if scored and self_teacher:
+    if scored and follows_policy:
         out["teacher/staleness"] = sum(r.teacher_version - r.policy_version for r in scored) / len(scored)
     out.update(gap_statistics("teacher", [(r.teacher_logprobs, r.behaviour_logprobs) for r in scored]))
     out.update(

@@ -71,9 +71,9 @@ def expert_rows(
 
 def _play(env_cfg: EnvConfig, prompts, seed: int, max_turns: int | None, hinted, out: ExpertRows) -> None:
     """One expert episode; its rows join ``out`` if it is won. ``hinted``: (teacher prompts, placement)."""
-    from envs import make_env
+    from pipeline.orchestration.launch import local_env
 
-    env = make_env(env_cfg.name, env_cfg.options, env_cfg.train_split)
+    env = local_env(env_cfg, env_cfg.train_split)
     try:
         played = expert_episode(env, prompts, seed, max_turns, hinted_reply=hinted is not None, hint_prompt=hinted)
     finally:
@@ -146,7 +146,7 @@ def ensure_warm_start(cfg: PrivyConfig, model_path: str | Path) -> Path:
             return target
         print(
             f"privy-rl: warm start: cloning the {cfg.env.name} expert on {cfg.warm_start.tasks} train tasks "
-            f"into {target} (once; cached)",
+            f"into {target} (once; cached)...",  # "...": the console says it is still going
             file=sys.stderr,
             flush=True,
         )
@@ -227,12 +227,10 @@ def sft_batch(rows: list[TurnRecord], pad_id: int):
 def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
     import os
 
-    from actors.learner import LearnerWorker
-    from actors.learner_setup import copy_tokenizer, init_process_group_env
     from pipeline.context.student_prompts import StudentPrompts
     from pipeline.core.hardware import set_threads
-    from pipeline.distributed.rendezvous import host_store
     from pipeline.models import load_tokenizer
+    from pipeline.orchestration.launch import local_learner, save_local_learner
 
     t0 = time.time()
     set_threads(os.cpu_count() or 1)
@@ -246,11 +244,7 @@ def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
         raise RuntimeError(f"warm start: the expert won none of {w.tasks} {cfg.env.name} train tasks")
     t_rows = time.time() - t0
     steps_per_epoch = -(-len(ex.rows) // w.batch_rows)
-    init_process_group_env(0, 1, "127.0.0.1", host_store(60.0))
-    learner = LearnerWorker(
-        _learner_config(cfg), model_path, temperature=1.0, total_steps=steps_per_epoch * w.epochs, seed=w.seed
-    )
-    learner.setup()
+    learner = local_learner(_learner_config(cfg), model_path, total_steps=steps_per_epoch * w.epochs, seed=w.seed)
     rng = random.Random(w.seed)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     losses = []
@@ -271,8 +265,7 @@ def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
             file=sys.stderr,
             flush=True,
         )
-    learner.module.save_pretrained(out, state_dict=learner.state_dict_for_sync(), safe_serialization=True)
-    copy_tokenizer(model_path, Path(out))
+    save_local_learner(learner, out, model_path)
     n_prompt = [len(r.prompt_ids) for r in ex.rows]
     return {
         "rows": len(ex.rows),

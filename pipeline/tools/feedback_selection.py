@@ -195,9 +195,9 @@ def run(
     engine=None,
 ) -> list[Outcome]:
     """Build the HF engine + rollout worker, run the selection, write the outputs."""
-    from actors.rollout import RolloutWorker
     from pipeline.core.config import EnvConfig, RolloutConfig
     from pipeline.models import resolve_model
+    from pipeline.orchestration.launch import local_rollout_worker
 
     path = str(resolve_model(model))
     rcfg = RolloutConfig(
@@ -209,7 +209,7 @@ def run(
         precision=precision,
     )
     ecfg = EnvConfig(name=env, history_length=history_length, options=dict(env_options or {}))
-    worker = RolloutWorker(rcfg, ecfg, path, engine=engine)  # engine=None: the HF engine at `precision`
+    worker = local_rollout_worker(rcfg, ecfg, path, engine=engine)  # engine=None: the HF engine at `precision`
     evaluate = evaluate_with_worker(
         worker, list(candidates), n_tasks, split=split, temperature=temperature, sample_seed=sample_seed
     )

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from pipeline.models import resolve_model  # noqa: E402
+from lab.bench import Bench, add_out
+from pipeline.models import resolve_model
 
 
 def _prompts(tok, n: int) -> list[list[int]]:
@@ -79,20 +75,18 @@ def main() -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--out", help="a result folder (results.json, table.md, meta.json, command.txt)")
+    add_out(ap)
     args = ap.parse_args()
-    command = shlex.join([sys.executable, *sys.argv])
+    bench = Bench.start(args.out)  # the code measured, read before it runs
 
     from actors.engines.hf import HFEngine
     from actors.engines.vllm import VLLMEngine
     from pipeline.core.hardware import choose_precision
     from pipeline.models import load_model
-    from pipeline.tools.results import git_commit
 
-    git = git_commit(ROOT)  # the code measured, read before it runs
     path = resolve_model(args.model)
     dtype = choose_precision(args.precision).dtype
-    result: dict = {"command": command, "model": args.model, "dtype": dtype, "new_tokens": args.new_tokens}
+    result: dict = {"command": bench.command, "model": args.model, "dtype": dtype, "new_tokens": args.new_tokens}
     engines = {
         "hf": lambda: HFEngine.from_pretrained(path, dtype=dtype),
         "vllm": lambda: VLLMEngine(path, dtype=dtype, max_model_len=1024, kv_cache_gb=2),
@@ -126,27 +120,22 @@ def main() -> int:
     gaps = [abs(a - b) for x, y in zip(scored["hf"], scored["vllm"]) for a, b in zip(x, y)]
     result["score_gap_hf_vllm"] = {"mean": statistics.fmean(gaps), "max": max(gaps), "tokens": len(gaps)}
     print(json.dumps(result, indent=1))
-    if args.out:
-        from pipeline.tools.results import write_benchmark
-
-        rows, big = [], f"tok_per_s_b{max(args.batch)}"
-        for name in engines:
-            r = result[name]
-            rows.append(
-                {
-                    "engine": name,
-                    "precision": dtype,
-                    **{f"generate tokens/s, batch {b}": r[f"tok_per_s_b{b}"] for b in args.batch},
-                    f"score tokens/s, {len(items)} rows": r[key],
-                    "weight reload s": r["reload_s"],
-                    "start s": r["init_s"],
-                    "vs hf, largest batch": f"{r[big] / result['hf'][big]:.2f}x",
-                    "vs hf, score": f"{r[key] / result['hf'][key]:.2f}x",
-                }
-            )
-        workload = [f"model={args.model}", f"new_tokens={args.new_tokens}", f"batch={args.batch}", f"reps={args.reps}"]
-        write_benchmark(Path(args.out), ROOT, result, rows, git, workload)
-        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
+    big = f"tok_per_s_b{max(args.batch)}"
+    rows = [
+        {
+            "engine": name,
+            "precision": dtype,
+            **{f"generate tokens/s, batch {b}": result[name][f"tok_per_s_b{b}"] for b in args.batch},
+            f"score tokens/s, {len(items)} rows": result[name][key],
+            "weight reload s": result[name]["reload_s"],
+            "start s": result[name]["init_s"],
+            "vs hf, largest batch": f"{result[name][big] / result['hf'][big]:.2f}x",
+            "vs hf, score": f"{result[name][key] / result['hf'][key]:.2f}x",
+        }
+        for name in engines
+    ]
+    workload = [f"model={args.model}", f"new_tokens={args.new_tokens}", f"batch={args.batch}", f"reps={args.reps}"]
+    bench.store(result, rows, workload)
     return 0
 
 

@@ -23,7 +23,7 @@ and SmolLM2's tokenizer from the model cache (``$PRIVY_CACHE``); nothing is reim
   not the target, rows, prompt and response tokens).
 - ``models``: the bytes of the converted checkpoints in the model cache.
 
-Prints the report (JSON); ``--out`` stores a result folder (``pipeline.tools.results.write_benchmark``:
+Prints the report (JSON); ``--out`` stores a result folder (``lab.bench.Bench.store``:
 results.json, table.md/json, meta.json, command.txt). Timings depend on the machine and its load.
 """
 
@@ -34,7 +34,6 @@ import json
 import os
 import platform
 import random
-import shlex
 import statistics
 import subprocess
 import sys
@@ -42,8 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # before scripts/bench, whose pipeline.py would shadow the package
+from lab.bench import ROOT, Bench, add_out
 
 SANDBOX_RUNS = 20  # per isolation mode
 SEARCH_PROCESSES = 3  # fresh processes timing the first builds
@@ -502,7 +500,7 @@ def table_rows(report: dict) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", help="store a result folder here (every section)")
+    add_out(ap, help="store a result folder here (every section)")
     ap.add_argument("--only", nargs="+", choices=sorted(SECTIONS), help="these sections only (no --out)")
     ap.add_argument("--search-first-builds", action="store_true", help=argparse.SUPPRESS)  # internal
     args = ap.parse_args()
@@ -511,11 +509,8 @@ def main() -> None:
         return
     if args.out and args.only:
         ap.error("--out stores every section: leave --only out")
-    command = shlex.join([sys.executable, *sys.argv])
-    from pipeline.tools.results import git_commit
-
-    git = git_commit(ROOT)
-    report: dict = {"command": command}
+    bench = Bench.start(args.out)
+    report: dict = {"command": bench.command}
     t_all = time.perf_counter()
     for name in args.only or list(SECTIONS):
         t0 = time.perf_counter()
@@ -524,11 +519,7 @@ def main() -> None:
         print(f"env_stats: {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     report["seconds"] = round(time.perf_counter() - t_all, 1)
     print(json.dumps(report, indent=1))
-    if args.out:
-        from pipeline.tools.results import write_benchmark
-
-        write_benchmark(Path(args.out), ROOT, report, table_rows(report), git)
-        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
+    bench.store(report, table_rows(report))
 
 
 if __name__ == "__main__":

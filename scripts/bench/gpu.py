@@ -42,41 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-SMOLLM2_SHAPE = dict(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    max_position_embeddings=8192,
-    rope_theta=100_000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-)
-
-
-def build_model(out: Path, layers: int) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from pipeline.models.tiny import byte_tokenizer
-
-    tok = byte_tokenizer()
-    config = LlamaConfig(
-        num_hidden_layers=layers,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        dtype="float32",
-        **SMOLLM2_SHAPE,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+from lab.bench import add_out
+from lab.random_model import SMOLLM2_VOCAB, build_random_smollm2, one_rank_learner, random_train_batch
 
 
 def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -109,7 +76,7 @@ def bench_generate(path: Path, device: str, batches: list[int], prompt_len: int,
         "completions_per_s": {},
     }
     for b in batches:
-        prompts = _prompts(b, prompt_len, SMOLLM2_SHAPE["vocab_size"], seed=b)
+        prompts = _prompts(b, prompt_len, SMOLLM2_VOCAB, seed=b)
         engine.generate(prompts, max_new_tokens=new_tokens, temperature=1.0, seed=0)  # warm-up
         rates, calls = [], []
         for r in range(reps):
@@ -130,16 +97,18 @@ def bench_generate(path: Path, device: str, batches: list[int], prompt_len: int,
 
 def bench_score(path: Path, device: str, rows: int, prompt_len: int, response_len: int, reps: int) -> dict:
     from actors.scorer import TeacherScorerWorker
+    from pipeline.core.types import TeacherNeeds
 
     scorer = TeacherScorerWorker(str(path), temperature=1.0, micro_batch_tokens=16384, precision="auto", device=device)
-    vocab = SMOLLM2_SHAPE["vocab_size"]
+    vocab = SMOLLM2_VOCAB
     items = list(zip(_prompts(rows, prompt_len, vocab, 1), _prompts(rows, response_len, vocab, 2)))
-    scorer.score(items)  # warm-up
+    needs = TeacherNeeds()  # the log-prob of each sampled token: what every teacher method needs
+    scorer.score(items, [], needs)  # warm-up
     times = []
     for _ in range(reps):
         _sync(device)
         t0 = time.perf_counter()
-        scorer.score(items)
+        scorer.score(items, [], needs)
         _sync(device)
         times.append(time.perf_counter() - t0)
     sec = statistics.median(times)
@@ -149,29 +118,6 @@ def bench_score(path: Path, device: str, rows: int, prompt_len: int, response_le
         "seconds": round(sec, 4),
         "response_tokens_per_s": round(rows * response_len / sec, 1),
     }
-
-
-def _train_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int):
-    import torch
-
-    from pipeline.core.types import TrainBatch
-
-    g = torch.Generator().manual_seed(seed)
-    T = prompt_len + response_len
-    ids = torch.randint(3, vocab, (rows, T), generator=g)
-    resp = torch.zeros(rows, T)
-    resp[:, prompt_len:] = 1.0
-    behaviour = -torch.full((rows, T), 10.8) * resp  # about log(1/vocab): ratios near 1
-    adv = torch.randn(rows, 1, generator=g).expand(rows, T) * resp
-    return TrainBatch(
-        input_ids=ids,
-        attention_mask=torch.ones(rows, T, dtype=torch.long),
-        response_mask=resp,
-        behaviour_logprobs=behaviour,
-        advantages=adv.contiguous(),
-        entropy_coef=0.001,
-        versions=[0] * rows,
-    )
 
 
 def bench_learn(
@@ -186,21 +132,15 @@ def bench_learn(
 ) -> dict:
     import torch
 
-    from actors.learner import LearnerWorker
-    from actors.learner_setup import init_process_group_env
     from pipeline.core.config import LearnerConfig
-    from pipeline.distributed.rendezvous import host_store
 
-    init_process_group_env(0, 1, "127.0.0.1", host_store(300))
     cfg = LearnerConfig(zero_stage=zero, precision="auto", lr=1e-6, micro_batch_tokens=micro_batch_tokens)
-    worker = LearnerWorker(cfg, str(path), temperature=1.0, total_steps=steps + 1)
-    setup = worker.setup()
-    vocab = SMOLLM2_SHAPE["vocab_size"]
+    worker, setup = one_rank_learner(path, cfg, total_steps=steps + 1)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     times = []
     for k in range(steps + 1):
-        batch = _train_batch(rows, prompt_len, response_len, vocab, seed=k)
+        batch = random_train_batch(rows, prompt_len, response_len, SMOLLM2_VOCAB, seed=k)
         _sync(device)
         t0 = time.perf_counter()
         metrics = worker.train_step([batch])
@@ -244,7 +184,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="timed learner steps (after one untimed)")
     ap.add_argument("--zero", type=int, default=2)
     ap.add_argument("--micro-batch-tokens", type=int, default=8192)
-    ap.add_argument("--out", default=None)
+    add_out(ap, help="a folder for gpu_bench.json")
     args = ap.parse_args()
     # DeepSpeed reads its accelerator when first imported: before anything imports it.
     os.environ["DS_ACCELERATOR"] = args.device
@@ -258,7 +198,8 @@ def main() -> None:
         "layers": args.layers,
     }
     with tempfile.TemporaryDirectory(prefix="privy_gpu_bench_") as tmp:
-        path = build_model(Path(tmp) / "model", args.layers)
+        path = Path(tmp) / "model"
+        build_random_smollm2(path, layers=args.layers)
         result["generate"] = bench_generate(path, args.device, args.batch, args.prompt_len, args.new_tokens, args.reps)
         result["score"] = bench_score(path, args.device, args.score_rows, args.prompt_len, args.new_tokens, args.reps)
         result["learn"] = bench_learn(

@@ -26,13 +26,14 @@ points all start at once after the start (``--parallel`` must hold them all) and
 and test), so every method gets the same wall time; the table's ``steps`` column says how many
 steps each reached.
 
-The tables (``pipeline.tools.results.learning_tables``): per method the test success over seeds
+The tables (``lab.results.learning_tables``): per method the test success over seeds
 with its 95% t interval, the seed-paired difference to GRPO (and to the start) with its paired-t
 interval, p-value and a bootstrap interval over test tasks, the seeds ahead/tied/behind, the
 validation curve's start and end, and the teacher's diagnostics beside the noise floor (the
 teacher's log-prob gap and the same teacher's gap with empty context). ``--results DIR`` stores
-the runs' small files, the tables and ``meta.json`` (command, commit, machine) as a result folder
-of docs/results (``scripts/results.py`` rebuilds and checks the docs' tables from it).
+the runs' small files (packed into ``DIR/runs.tar.xz`` with any runs stored there before), the
+tables and ``meta.json`` (command, commit, machine) as a result folder of docs/results
+(``scripts/results.py`` rebuilds and checks the docs' tables from it).
 """
 
 from __future__ import annotations
@@ -48,19 +49,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # before scripts/bench, whose pipeline.py would shadow the package
-
-from pipeline.tools.results import (  # noqa: E402
-    START,
-    TEST_SPLIT,
-    git_commit,
-    learning_tables,
-    load_run,
-    store_run,
-    write_meta,
-    write_tables,
-)
+from lab.bench import ROOT, Bench
+from lab.results import START, TEST_SPLIT, learning_tables, load_run, pack_runs, store_run, write_meta, write_tables
 
 # ALFWorld, SmolLM2 from its expert warm start (conf/experiment/alfworld_warm_start.yaml): 10
 # steps, validation before the first step and every 5 on 32 valid_seen tasks, valid_unseen once at
@@ -138,19 +128,68 @@ PRESETS = {
         ],
         "method_overrides": {"null_baseline": ["method.lam=0.1"], "hint_imitation": ["method.lam=0.1"]},
     },
-    # The learning comparison at GPU scale (scripts/gpu_check.sh, phase learning; issue 29): the
-    # methods and controls of keyword_hints_cpu on Search-QA from the hinted clone of
-    # search_qa_hints_cpu, with the real SmolLM2, run side by side on one GPU (--parallel 15
-    # --time-budget-s: each point trains until the shared time runs out, so total_steps is only a
-    # cap). 8 x 8 episodes a step (the CPU preset: 4 x 4), 128 valid questions every 10 steps and
-    # 128 test questions at the end (CPU: 64). Each point asks for 0.06 of the GPU (learner 0.03,
-    # engine 0.02, scorer 0.01: 15 points hold 0.9) and one thread per actor.
-    "search_qa_gpu": {
-        "methods": ["grpo", "sdar_hints", "hint_distill", "null_baseline", "hint_imitation"],
+    # The seed papers' four methods on held-out Search-QA (issue 42), each in its paper's form with
+    # its paper's privileged context, beside GRPO and the two controls, all from `make train`'s
+    # recipe (conf/experiment/search_qa_warm_start.yaml: the same clone, 16 steps of 4 x 4, lr 1e-5,
+    # the same task stream per seed, 64 valid questions every 4 steps, the 64 test questions once):
+    # - sdar: SDAR's gate (beta 5, lam 0.01: the released scripts) towards the policy given the
+    #   skills retrieved from envs/skill_banks/search_qa.json (keyword mode, 6 general skills, raw
+    #   prefix: conf/method/sdar.yaml); skills, not hints;
+    # - targeted_guidance: reward from Search-QA's criteria (answered, searched, exact_match,
+    #   valid_actions) plus success; the exact reverse KL (lam 0.1) to the policy given the failed
+    #   criteria's feedback (envs/search_qa/env.py FEEDBACK) on the failed turns only;
+    # - retire_opd: phase 1 trains the skill teacher (skill_grpo), then phase 2 the OPD term (lam
+    #   0.01) from it with adaptive retirement, one command. Mapped to the budget before any run:
+    #   phase1_steps = 16, the student's own budget, as the paper's 150 teacher steps are its 150
+    #   student steps; window = 4 = the recipe's val_every (the windows close on the validations
+    #   every method has), so retirement can be judged at steps 8, 12 and 16 (the paper's W = 5 of
+    #   150 steps would be less than one step here);
+    # - adrs: the L2 shaping (eta 0.02) with its TVA gate from the skills self-teacher. Its paper
+    #   schedule, off for steps <= 20 and on for 21-70 of 150 (13% warm-up, 33% on), would never act
+    #   in 16 steps: mapped to the same fractions before any run, off for steps 1-2, on for 3-7
+    #   (warmup_steps 2, active_steps 5), off after;
+    # - null_baseline at lam 0.1, targeted guidance's lam (the largest teacher term here), and
+    #   skill_grpo, the equal-information control of these teachers: the same retrieved skills in
+    #   the student's own prompts (training, validation and test), "be shown it" beside "distil
+    #   it". The skills teachers (sdar, retire_opd, adrs) are told exactly that; the retrieved skills
+    #   and mistakes also say what targeted guidance's feedback strings say (one action per reply,
+    #   search before answering, the bare span; the turn budget for multi-hop questions only), and
+    #   no control shows a feedback string alone. hint_imitation (the hinted expert's episodes) is
+    #   not it: it shows the gold answer, which no teacher here is told.
+    # Checkpoints every 4 steps and trainer.resume=auto: a point cut short continues from its last
+    # checkpoint on a rerun (finished points are skipped). Run one point at a time on 2 cores (two
+    # SmolLM2 points do not fit in 24 GB): about 45 min a point, 90 for retire_opd's two phases.
+    "search_qa_methods": {
+        "methods": ["grpo", "sdar", "targeted_guidance", "retire_opd", "adrs", "null_baseline", "skill_grpo"],
         "start": True,
         "overrides": [
             "+experiment=search_qa_warm_start",
-            "warm_start.hint_placement=system",
+            "trainer.ckpt_every=4",
+            "trainer.resume=auto",
+            "logger.progress=false",
+        ],
+        "method_overrides": {
+            "retire_opd": ["method.phase1_steps=16", "method.window=4"],
+            "adrs": ["method.warmup_steps=2", "method.active_steps=5"],
+            "null_baseline": ["method.lam=0.1"],
+        },
+    },
+    # The learning comparison at GPU scale (scripts/gpu_check.sh, phase learning; issues 29, 42): the
+    # points of search_qa_methods from the same clone, with the real SmolLM2, run side by side on one
+    # GPU (--parallel 21 --time-budget-s: each point trains until the shared time runs out, so
+    # total_steps is only a cap). 8 x 8 episodes a step (the CPU preset: 4 x 4), 128 valid
+    # questions every 10 steps and 128 test questions at the end (CPU: 64). At this scale the steps
+    # are the papers' own kind (8 x 8 rollouts against their 16 x 8), so ADRS keeps its schedule
+    # (steps 21-70: a point that stops before step 21 never shapes, and its steps column says so);
+    # RetireOPD trains its teacher 50 steps (inside the point's time limit: a shared budget too
+    # short for them fails that point, not the others) and closes a window at each validation
+    # (window 10 = val_every). Each point asks for 0.045 of the GPU (learner 0.02, engine 0.015,
+    # scorer 0.01: 21 points hold 0.945) and one thread per actor.
+    "search_qa_gpu": {
+        "methods": ["grpo", "sdar", "targeted_guidance", "retire_opd", "adrs", "null_baseline", "skill_grpo"],
+        "start": True,
+        "overrides": [
+            "+experiment=search_qa_warm_start",
             "trainer.total_steps=1000",
             "trainer.groups_per_step=8",
             "rollout.group_size=8",
@@ -159,11 +198,14 @@ PRESETS = {
             "trainer.ckpt_every=0",
             "logger.progress=false",
             "cluster.threads_per_actor=1",
-            "learner.num_gpus=0.03",
-            "rollout.num_gpus=0.02",
+            "learner.num_gpus=0.02",
+            "rollout.num_gpus=0.015",
             "scorer.num_gpus=0.01",
         ],
-        "method_overrides": {"null_baseline": ["method.lam=0.1"], "hint_imitation": ["method.lam=0.1"]},
+        "method_overrides": {
+            "retire_opd": ["method.phase1_steps=50", "method.window=10"],
+            "null_baseline": ["method.lam=0.1"],
+        },
     },
     # The same code path at toy size, what `scripts/gpu_check.sh --cpu` (CI) runs: two methods side
     # by side on a shared local Ray, the tiny random model on the keyword task, time-limited.
@@ -373,7 +415,7 @@ def main() -> None:
     if not args.start_only:
         plan += [(m, s, 1) for s in args.seeds for m in methods]  # seed-major: an early stop keeps whole seeds
         plan += [(m, s, 2) for s in args.repeat_seeds for m in (args.repeat_methods or methods)]
-    git = git_commit(ROOT)  # the code the runs use (the tree may change while they run)
+    bench = Bench.start(args.results)  # the code the runs use (the tree may change while they run)
     dirs = run_plan(
         out,
         plan,
@@ -391,21 +433,22 @@ def main() -> None:
         plot(runs, out / "curves.png")
     except ImportError as e:  # an air-gapped GPU machine may lack scipy or matplotlib: the runs are what counts
         print(
-            f"learning: no tables here ({e}); the runs are in {out}: copy them to a result folder's runs/ and "
-            "run scripts/results.py rebuild where scipy and matplotlib are",
+            f"learning: no tables here ({e}); the runs are in {out}: copy them to a result folder's runs/, "
+            "then run scripts/results.py pack and rebuild where scipy and matplotlib are",
             file=sys.stderr,
         )
         tables = None
-    if args.results:
-        folder = Path(args.results)
+    if bench.out:
+        folder = bench.out
         folder.mkdir(parents=True, exist_ok=True)
         for d in dirs:
             if d is not None:
                 store_run(d, folder)
+        pack_runs(folder)
         write_meta(
             folder,
             ROOT,
-            git,
+            bench.git,
             kind="learning",
             command=" ".join(["python", *sys.argv]),
             preset=args.preset,

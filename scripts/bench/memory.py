@@ -5,7 +5,7 @@
 A real run (tiny model, keyword task) whose learner is made several times slower than its
 rollouts: micro-batches of 64 tokens and a k3 KL to a reference model (a second forward). Rollouts
 are one short turn. ``--throttle-learner F`` also keeps the learner's process stopped (SIGSTOP) a
-fraction F of the time (``pipeline/tools/faults.py``), 1 / (1 - F) times slower again. A sampler
+fraction F of the time (``scripts/lab/faults.py``), 1 / (1 - F) times slower again. A sampler
 thread reads the resident memory of the driver and of every process
 it started (the Ray actors), once a second. Prints one JSON object:
 
@@ -23,21 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from pipeline.orchestration.run import run_training  # noqa: E402
-from pipeline.tools.cli import compose  # noqa: E402
-from pipeline.tools.faults import Throttle, actor_pid  # noqa: E402
-from pipeline.tools.results import git_commit, write_benchmark  # noqa: E402
+from lab.bench import Bench, add_out
+from lab.faults import Throttle, actor_pid
+from pipeline.orchestration.run import run_training
+from pipeline.tools.cli import compose
 
 
 def kind(cmdline: list[str]) -> str:
@@ -90,30 +85,28 @@ def main() -> None:
         metavar="F",
         help="keep the learner stopped this fraction of the time (0 = never)",
     )
-    ap.add_argument("--out", help="a result folder (results.json, table.md, meta.json, command.txt)")
+    add_out(ap)
     args, extra = ap.parse_known_args()
-    command = shlex.join([sys.executable, *sys.argv])
-    git = git_commit(ROOT)  # the code measured, read before it runs
+    bench = Bench.start(args.out)  # the code measured, read before it runs
     with tempfile.TemporaryDirectory(prefix="privy-bench-memory-") as d:
-        report = {"command": command, **measure(Path(d), args, extra)}
+        report = {"command": bench.command, **measure(Path(d), args, extra)}
     print(json.dumps(report, indent=1))
-    if args.out:
-        rows = [
-            {
-                "process": kind,
-                "USS MB, first tenth": f"{m['first_tenth']:.0f}",
-                "USS MB, last tenth": f"{m['last_tenth']:.0f}",
-                "MB / step, second half": f"{m['mb_per_step_second_half']:.3f}",
-                "steps": report["steps"],
-                "learner / rollout time": f"{report['learner_over_rollout_s']:.1f}x",
-                "groups in flight, max (bound)": f"{report['groups_in_flight_max']} ({report['in_flight_bound']})",
-                "policy lag, max": report["policy_lag_max"],
-            }
-            for kind, m in report["uss_mb"].items()
-        ]
-        workload = [f"steps={args.steps}", f"lag={args.lag}", f"throttle_learner={args.throttle_learner}", *extra]
-        write_benchmark(Path(args.out), ROOT, report, rows, git, workload)
-        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
+    rows = [
+        {
+            "process": kind,
+            "USS MB, first tenth": f"{m['first_tenth']:.0f}",
+            "USS MB, last tenth": f"{m['last_tenth']:.0f}",
+            "MB / step, second half": f"{m['mb_per_step_second_half']:.3f}",
+            "steps": report["steps"],
+            "learner / rollout time": f"{report['learner_over_rollout_s']:.1f}x",
+            "groups in flight, max (bound)": f"{report['groups_in_flight_max']} ({report['in_flight_bound']})",
+            "policy lag, max": report["policy_lag_max"],
+        }
+        for kind, m in report["uss_mb"].items()
+    ]
+    bench.store(
+        report, rows, [f"steps={args.steps}", f"lag={args.lag}", f"throttle_learner={args.throttle_learner}", *extra]
+    )
 
 
 def measure(run_dir: Path, args: argparse.Namespace, extra: list[str]) -> dict:

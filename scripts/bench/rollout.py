@@ -20,14 +20,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from lab.bench import Bench, add_out
 
 
 def measure(args, engine: str) -> dict:
@@ -138,20 +135,18 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
-    ap.add_argument("--out", default=None, help="a result folder (results.json, table.md, meta.json, command.txt)")
+    add_out(ap)
     args = ap.parse_args()
-    command = shlex.join([sys.executable, *sys.argv])
+    bench = Bench.start(args.out)  # the code the runs use, read before they start
 
     from pipeline.core.runtime_env import set_process_env
-    from pipeline.tools.results import git_commit
 
     set_process_env()
     from pipeline.core.hardware import CpuFeatures
 
-    git = git_commit(ROOT)  # the code the runs use, read before they start
     cpu = CpuFeatures.detect()
     report = {
-        "command": command,
+        "command": bench.command,
         "model": args.model,
         "env": args.env,
         "group_size": args.group_size,
@@ -162,12 +157,8 @@ def main() -> None:
         "engines": {engine: measure(args, engine) for engine in args.engine},
     }
     print(json.dumps(report, indent=1))
-    if args.out:
-        from pipeline.tools.results import write_benchmark
-
-        workload = [f"model={args.model}", f"env={args.env}", f"group_size={args.group_size}", f"groups={args.groups}"]
-        write_benchmark(Path(args.out), ROOT, report, table(report), git, workload)
-        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
+    workload = [f"model={args.model}", f"env={args.env}", f"group_size={args.group_size}", f"groups={args.groups}"]
+    bench.store(report, table(report), workload)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -21,8 +20,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from lab.bench import ROOT, Bench, add_out
 
 
 def summarise(junit: Path) -> dict:
@@ -41,25 +39,22 @@ def summarise(junit: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", help="a result folder; a part already in it is replaced")
+    add_out(ap, help="a result folder; a part already in it is replaced")
     ap.add_argument("--part", default="main", help="the name of this run's row (main, vllm, ...)")
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     pytest_args = [a for a in args.pytest_args if a != "--"]
-    command = shlex.join([sys.executable, *sys.argv])
-    from pipeline.tools.results import git_commit, write_benchmark
-
-    git = git_commit(ROOT)  # the code tested, read before it runs
+    bench = Bench.start(args.out)  # the code tested, read before it runs
     with tempfile.TemporaryDirectory() as d:
         junit = Path(d) / "junit.xml"
         t0 = time.time()
         rc = subprocess.call([sys.executable, "-m", "pytest", *pytest_args, f"--junitxml={junit}"], cwd=ROOT)
         seconds = time.time() - t0
-        part = {"command": command, "pytest_args": pytest_args, "exit_code": rc, "seconds": round(seconds, 1)}
+        part = {"command": bench.command, "pytest_args": pytest_args, "exit_code": rc, "seconds": round(seconds, 1)}
         part.update(summarise(junit))
     print(json.dumps({k: v for k, v in part.items() if k != "slowest"}))
-    if args.out:
-        out = Path(args.out)
+    if bench.out:
+        out = bench.out
         report = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
         parts = {**report.get("parts", {}), args.part: part}
         rows = [
@@ -73,8 +68,7 @@ def main() -> int:
             }
             for name, p in parts.items()
         ]
-        write_benchmark(out, ROOT, {"command": command, "parts": parts}, rows, git, pytest_args)
-        print(f"wrote {out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
+        bench.store({"command": bench.command, "parts": parts}, rows, pytest_args)
     return rc
 
 

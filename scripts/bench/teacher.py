@@ -28,21 +28,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from pipeline.core.runtime_env import set_process_env  # noqa: E402
+from lab.bench import Bench, add_out
+from pipeline.core.runtime_env import set_process_env
 
 set_process_env()
 
-from scripts.bench.memory import Sampler  # noqa: E402
+# scripts/bench/memory.py, beside this script; it imports Ray, hence after the environment is set
+from memory import Sampler  # noqa: E402
 
 WORKLOAD = [
     "model=smollm2_135m",
@@ -124,24 +122,21 @@ def table(sides: list[dict]) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--out", help="a result folder (results.json, table.md, meta.json, command.txt)")
+    add_out(ap)
     args, extra = ap.parse_known_args()
-    command = shlex.join([sys.executable, *sys.argv])
-    from pipeline.tools.results import git_commit
-
-    git = git_commit(ROOT)  # the code the runs use, read before they start
+    bench = Bench.start(args.out)  # the code the runs use, read before they start
     sides = []
     with tempfile.TemporaryDirectory(prefix="privy-bench-teacher-") as d:
         for placement in ("actor", "engine"):
             print(f"teacher: scorer.placement={placement} ...", file=sys.stderr, flush=True)
             sides.append(run_side(placement, args.steps, extra, Path(d) / placement))
-    report = {"command": command, "workload": [*WORKLOAD, f"trainer.total_steps={args.steps}", *extra], "sides": sides}
+    report = {
+        "command": bench.command,
+        "workload": [*WORKLOAD, f"trainer.total_steps={args.steps}", *extra],
+        "sides": sides,
+    }
     print(json.dumps(report, indent=1))
-    if args.out:
-        from pipeline.tools.results import write_benchmark
-
-        write_benchmark(Path(args.out), ROOT, report, table(sides), git, report["workload"])
-        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
+    bench.store(report, table(sides), report["workload"])
 
 
 if __name__ == "__main__":

@@ -21,12 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from lab.bench import Bench, add_out
 
 
 def rows_and_prompts(args):
@@ -132,24 +128,18 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--k", type=int, nargs="+", default=[1, 4, 16, 64, 256])
-    ap.add_argument("--out", help="a result folder (results.json, table.md, meta.json, command.txt)")
+    add_out(ap)
     args = ap.parse_args()
-    command = shlex.join([sys.executable, *sys.argv])
+    bench = Bench.start(args.out)  # the code measured, read before it runs
     from pipeline.core.runtime_env import set_process_env
-    from pipeline.tools.results import git_commit
 
     set_process_env()
-    git = git_commit(ROOT)  # the code measured, read before it runs
     path, rows = rows_and_prompts(args)
-    report = {"command": command, "model": args.model, "env": args.env, "method": args.method}
+    report = {"command": bench.command, "model": args.model, "env": args.env, "method": args.method}
     report["measured"] = measure(path, rows, args.k)
     print(json.dumps(report, indent=1))
-    if args.out:
-        from pipeline.tools.results import write_benchmark
-
-        workload = [f"model={args.model}", f"env={args.env}", f"method={args.method}", f"groups={args.groups}"]
-        write_benchmark(Path(args.out), ROOT, report, table(report), git, workload)
-        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
+    workload = [f"model={args.model}", f"env={args.env}", f"method={args.method}", f"groups={args.groups}"]
+    bench.store(report, table(report), workload)
 
 
 if __name__ == "__main__":

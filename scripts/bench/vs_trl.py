@@ -74,7 +74,6 @@ import datetime
 import hashlib
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -83,8 +82,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from lab.bench import ROOT, Bench, add_out
 
 ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which privy-rl's learner uses
 
@@ -325,7 +323,7 @@ def run_privy(w: Workload, lag: int, engine: str) -> dict:
     import transformers
 
     from pipeline.models import load_tokenizer
-    from pipeline.orchestration.launch import actor_threads
+    from pipeline.orchestration.resources import actor_threads
     from pipeline.orchestration.run import run_training
 
     cfg = workload_config(w, lag, engine)
@@ -487,7 +485,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32, help="max new tokens per completion")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lags", type=int, nargs="+", default=[0, 1], help="privy-rl's trainer.max_policy_lag values")
-    ap.add_argument("--out", default=None, help="a directory: results.json, results.md, command.txt")
+    add_out(ap, help="a result folder: results.json, results.md, table.md, meta.json, command.txt")
     ap.add_argument(
         "--privy-python",
         default=str(ROOT / ".venv" / "bin" / "python"),
@@ -533,15 +531,11 @@ def main() -> None:
         temperature=args.temperature,
         precision=choice.dtype,
     )
-    command = shlex.join([sys.executable, *sys.argv])
-    out_dir = Path(args.out) if args.out else None
-    if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "command.txt").write_text(f"cd {os.getcwd()} && {command}\n")
+    bench = Bench.start(args.out)  # the code measured, read before it runs
     report = {
         "benchmark": "privy-rl vs TRL GRPOTrainer",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": command,
+        "command": bench.command,
         "git": git_state(),
         "cpu": cpu_kind(),
         "workload": asdict(w) | {"precision_reason": choice.reason, "precision_warning": choice.warning},
@@ -594,21 +588,14 @@ def main() -> None:
         "stop_ids": trl["stop_ids"],
         "mean_prompt_tokens": _mean_prompt_tokens(w),
     }
-    text = json.dumps(report, indent=1)
-    print(text)
-    if out_dir:
-        from pipeline.tools.results import write_meta, write_tables
-
-        (out_dir / "results.json").write_text(text + "\n")
-        (out_dir / "results.md").write_text(markdown(report))
-        # a result folder of docs/results: meta.json and the table the docs quote (table.md)
-        write_meta(out_dir, ROOT, kind="benchmark", command=command, workload=report["workload"])
-        write_tables(out_dir, {"table": table_rows(report)})
-        print(f"wrote {out_dir}/results.json, results.md, table.md, meta.json, command.txt", file=sys.stderr)
+    print(json.dumps(report, indent=1))
+    bench.store(report, table_rows(report), report["workload"])
+    if bench.out:
+        (bench.out / "results.md").write_text(markdown(report))
 
 
 def table_rows(r: dict) -> list[dict]:
-    """The side-by-side table as rows of strings (``pipeline.tools.results.render_md`` renders it)."""
+    """The side-by-side table as rows of strings (``lab.results.render_md`` renders it)."""
     rows = []
     for name, s in r["sides"].items():
         rat = r["ratios"].get(name, {"per_completion": 1.0, "per_response_token": 1.0})

@@ -18,32 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-ROOT = str(Path(__file__).resolve().parents[2])
+import ray
+import torch
 
-import ray  # noqa: E402
-import torch  # noqa: E402
-
-# SmolLM2-135M's architecture, for random tensors when the model is not in the cache.
-SMOLLM2 = dict(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    tie_word_embeddings=True,
-)
+from lab.bench import Bench, add_out
+from lab.random_model import smollm2_config
 
 
 def load_state_dict(model: str, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], str]:
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
     try:
         from pipeline.models import resolve_model
@@ -51,7 +37,7 @@ def load_state_dict(model: str, dtype: torch.dtype) -> tuple[dict[str, torch.Ten
         m = AutoModelForCausalLM.from_pretrained(str(resolve_model(model)), dtype=torch.float32)
         source = f"{model} (cached weights)"
     except Exception as e:  # not cached / no network: same shapes, random values
-        m = AutoModelForCausalLM.from_config(LlamaConfig(**SMOLLM2))
+        m = AutoModelForCausalLM.from_config(smollm2_config())
         source = f"random tensors of SmolLM2-135M's shapes ({type(e).__name__})"
     # Like the learner's state_dict_for_sync: every state-dict entry, tied aliases included.
     return {k: v.detach().to(dtype).clone() for k, v in m.state_dict().items()}, source
@@ -129,13 +115,9 @@ def main() -> None:
     ap.add_argument("--receivers", type=int, default=2)
     ap.add_argument("--buckets-mb", default="1,16,64,256,1024")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", help="a result folder (results.json, table.md, meta.json, command.txt)")
+    add_out(ap)
     args = ap.parse_args()
-    command = shlex.join([sys.executable, *sys.argv])
-    sys.path.insert(0, ROOT)
-    from pipeline.tools.results import git_commit
-
-    git = git_commit(Path(ROOT))  # the code measured, read before it runs
+    bench = Bench.start(args.out)  # the code measured, read before it runs
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     ray.init(
@@ -143,7 +125,7 @@ def main() -> None:
         num_cpus=os.cpu_count(),
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": ROOT, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}},
+        runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}},
     )
     try:
         sender = Sender.remote(args.model, args.dtype)
@@ -202,35 +184,21 @@ def main() -> None:
             f"object store / this = {r['object_store_over_collective']:.2f}x"
         )
     print(json.dumps(out, default=float))
-    if args.out:
-        from pipeline.tools.results import write_benchmark
-
-        rows = [
-            {
-                "route": "object store",
-                "buckets": "",
-                "seconds": f"{out['object_store_s']:.3f}",
-                "vs object store": "1.00x",
-            }
-        ]
-        rows += [
-            {
-                "route": f"gloo broadcast, {mb} MiB buckets",
-                "buckets": r["buckets"],
-                "seconds": f"{r['seconds']:.3f}",
-                "vs object store": f"{r['object_store_over_collective']:.2f}x",
-            }
-            for mb, r in out["collective"].items()
-        ]
-        report = {"command": command, **json.loads(json.dumps(out, default=float))}
-        workload = [
-            f"model={args.model}",
-            f"dtype={args.dtype}",
-            f"receivers={args.receivers}",
-            f"repeats={args.repeats}",
-        ]
-        write_benchmark(Path(args.out), Path(ROOT), report, rows, git, workload)
-        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
+    rows = [
+        {"route": "object store", "buckets": "", "seconds": f"{out['object_store_s']:.3f}", "vs object store": "1.00x"}
+    ]
+    rows += [
+        {
+            "route": f"gloo broadcast, {mb} MiB buckets",
+            "buckets": r["buckets"],
+            "seconds": f"{r['seconds']:.3f}",
+            "vs object store": f"{r['object_store_over_collective']:.2f}x",
+        }
+        for mb, r in out["collective"].items()
+    ]
+    report = {"command": bench.command, **json.loads(json.dumps(out, default=float))}
+    workload = [f"model={args.model}", f"dtype={args.dtype}", f"receivers={args.receivers}", f"repeats={args.repeats}"]
+    bench.store(report, rows, workload)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tools.faults import actor_pid
+from lab.faults import actor_pid
 
 pytestmark = pytest.mark.integration
 
@@ -67,6 +67,7 @@ def _kill_when(proc, metrics: Path, cls: str, after_step: int, timeout: float = 
         time.sleep(0.1)
 
 
+@pytest.mark.extended
 def test_killed_rollout_worker_and_scorer_are_restarted_and_the_run_finishes(tmp_path):
     run_dir = tmp_path / "run"
     proc = _launch(ARGS, run_dir)

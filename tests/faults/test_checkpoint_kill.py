@@ -16,7 +16,7 @@ from pipeline.orchestration.checkpoint import load_state, resolve_checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
-import asyncio, os, signal, sys
+import asyncio, dataclasses, os, signal, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 import pipeline.orchestration.checkpoint as ck
@@ -46,9 +46,13 @@ class Ctl:
         self.state = ControllerState(step=step, next_task=step)
         self.buffer = GroupBuffer(groups_per_step=1, max_policy_lag=0)
 
+    def parts(self):  # what the controller hands the checkpointer: the learner and the run's state
+        state = {"controller": dataclasses.asdict(self.state), "buffer": self.buffer.state_dict()}
+        return self.learner, {**state, "method": self.method.state_dict()}
+
 cp = ck.Checkpointer(run, keep=3)
-asyncio.run(cp.save(Ctl(1), 1))            # a complete checkpoint at step 1
-asyncio.run(cp.save(Ctl(2), 2))            # and at step 2
+asyncio.run(cp.save(1, *Ctl(1).parts()))            # a complete checkpoint at step 1
+asyncio.run(cp.save(2, *Ctl(2).parts()))            # and at step 2
 ctl = Ctl(3 if point != "resave" else 2)   # the save that dies (step 3, or step 2 once more)
 ctl.learner.dying = True
 if point == "after_state":                 # everything written, killed before the rename
@@ -64,7 +68,7 @@ if point in ("resave", "before_latest"):   # "resave": between moving step 2 asi
     Path.rename = rename
 if point == "before_latest":
     ck._atomic_write = lambda p, t: die()
-asyncio.run(cp.save(ctl, ctl.state.step))
+asyncio.run(cp.save(ctl.state.step, *ctl.parts()))
 print("SURVIVED")
 """
 
@@ -89,6 +93,7 @@ def test_a_kill_during_save_leaves_latest_on_a_complete_checkpoint(tmp_path, poi
 
 def _save(run, step: int) -> None:
     import asyncio
+    import dataclasses
 
     from pipeline.orchestration.buffer import GroupBuffer
     from pipeline.orchestration.checkpoint import Checkpointer
@@ -102,11 +107,12 @@ def _save(run, step: int) -> None:
         def state_dict(self):
             return {}
 
-    class Ctl:
-        learner, method = Learner(), Method()
-        state, buffer = ControllerState(step=step), GroupBuffer(groups_per_step=1, max_policy_lag=0)
-
-    asyncio.run(Checkpointer(run, keep=3).save(Ctl(), step))
+    state = {
+        "controller": dataclasses.asdict(ControllerState(step=step)),
+        "buffer": GroupBuffer(groups_per_step=1, max_policy_lag=0).state_dict(),
+        "method": Method().state_dict(),
+    }
+    asyncio.run(Checkpointer(run, keep=3).save(step, Learner(), state))
 
 
 def test_a_latest_naming_a_missing_checkpoint_falls_back_to_the_newest_complete_one(tmp_path):

@@ -48,8 +48,8 @@ def test_a_training_task_whose_env_always_fails_is_replayed_then_stops_the_real_
     import json
 
     from envs import make_env
+    from pipeline.orchestration.env_errors import MAX_ENV_ERROR_REPLAYS
     from pipeline.orchestration.run import run_training
-    from pipeline.orchestration.supervision import MAX_ENV_ERROR_REPLAYS
     from pipeline.tools.cli import compose
 
     games = tmp_path / "games"

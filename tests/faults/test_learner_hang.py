@@ -12,7 +12,7 @@ import time
 import pytest
 from test_actor_restart import _launch, _steps
 
-from pipeline.tools.faults import actor_pid
+from lab.faults import actor_pid
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from test_actor_restart import ARGS, STEPS  # the same short SDAR run as the single-node restart tests
 
-from pipeline.tools.faults import actor_pid
+from lab.faults import actor_pid
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.extended]
 
 ROOT = Path(__file__).resolve().parents[2]
 # The nodes take the host's address: a driver joining a cluster (cluster.address) replaces a
@@ -57,9 +57,37 @@ def _wait(cond, what: str, proc, timeout: float = 300):
     return got
 
 
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    """The public entry point joining the cluster (its args name it), in a session of its own."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_driver_env(),
+        start_new_session=True,
+    )
+
+
 def _steps(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def _lose_node_and_finish(cluster, proc, node, cls: str, run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """After step 2 a spare node joins and ``node`` is killed (its raylet and every process of it,
+    SIGKILL): the actor of class ``cls`` on it must be placed again on the spare, and the run must
+    train every step. Returns its metrics rows and events."""
+    _wait(lambda: len(_steps(run_dir)) >= 2, "step 2", proc)
+    spare = cluster.add_node(**NODE)  # room for the actor once its node is gone
+    cluster.remove_node(node, allow_graceful=False)
+    _wait(lambda: _actor_on(spare, cls), f"{cls} placed again on the spare node", proc)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    rows = _steps(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    return rows, _events(run_dir)
 
 
 def test_the_node_of_the_rollout_worker_is_lost_and_the_worker_comes_back_on_another_node(tmp_path):
@@ -70,39 +98,16 @@ def test_the_node_of_the_rollout_worker_is_lost_and_the_worker_comes_back_on_ano
     try:
         learner_node = cluster.add_node(**NODE)
         run_dir = tmp_path / "run"
-        env = _driver_env()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "scripts" / "train.py"),
-                *ARGS,
-                f"cluster.address={cluster.address}",
-                f"trainer.run_dir={run_dir}",
-            ],
-            cwd=tmp_path,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
+        proc = _start([*ARGS, f"cluster.address={cluster.address}", f"trainer.run_dir={run_dir}"], tmp_path)
         # one CPU per node: the learner (created first) takes this node, the worker the next one
         _wait(lambda: _actor_on(learner_node, "LearnerActor"), "learner on its node", proc)
         worker_node = cluster.add_node(**NODE)
         _wait(lambda: _actor_on(worker_node, "RolloutWorker"), "rollout worker on its node", proc)
-        _wait(lambda: len(_steps(run_dir)) >= 2, "step 2", proc)
-        spare = cluster.add_node(**NODE)  # room for the worker once its node is gone
-        cluster.remove_node(worker_node, allow_graceful=False)  # SIGKILL of its raylet and every process of it
-        _wait(lambda: _actor_on(spare, "RolloutWorker"), "the rollout worker restarted on the spare node", proc)
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-4000:]
+        rows, events = _lose_node_and_finish(cluster, proc, worker_node, "RolloutWorker", run_dir)
     finally:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         cluster.shutdown()
-    rows = _steps(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     restarts = [e for e in events if e["event"] == "restart"]
     assert any(e["actor"] == "rollout worker 0" for e in restarts), events
     assert rows[-1]["faults/restarts"] >= 1
@@ -126,15 +131,7 @@ def test_the_node_of_the_learner_is_lost_and_the_run_stops_naming_it_then_contin
         learner_node = cluster.add_node(**NODE)
         env = _driver_env()
         cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *args, f"cluster.address={cluster.address}"]
-        proc = subprocess.Popen(
-            cmd,
-            cwd=tmp_path,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
+        proc = _start(cmd[2:], tmp_path)
         _wait(lambda: _actor_on(learner_node, "LearnerActor"), "learner on its node", proc)
         cluster.add_node(**NODE)  # the rollout worker's
         _wait(lambda: len(_steps(run_dir)) >= 2, "step 2", proc)
@@ -186,15 +183,7 @@ def test_no_node_has_room_so_the_run_goes_on_with_one_worker_and_takes_the_other
     ]
     try:
         learner_node = cluster.add_node(**NODE)
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "scripts" / "train.py"), *args],
-            cwd=tmp_path,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=_driver_env(),
-            start_new_session=True,
-        )
+        proc = _start(args, tmp_path)
         _wait(lambda: _actor_on(learner_node, "LearnerActor"), "learner on its node", proc)
         nodes = [cluster.add_node(**NODE), cluster.add_node(**NODE)]
         for node in nodes:

@@ -13,7 +13,7 @@ import signal
 import pytest
 from test_actor_restart import _launch, _steps
 
-from pipeline.tools.faults import Throttle, actor_pid
+from lab.faults import Throttle, actor_pid
 
 pytestmark = pytest.mark.integration
 

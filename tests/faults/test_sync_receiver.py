@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_actor_restart import ARGS, STEPS, _launch, _steps
 
-from pipeline.tools.faults import Throttle, actor_pid
+from lab.faults import Throttle, actor_pid
 
 pytestmark = pytest.mark.integration
 

@@ -98,7 +98,7 @@ def _batch_to(batch, device):
         n: getattr(batch, n).to(device)
         for n in ("input_ids", "attention_mask", "response_mask", "behaviour_logprobs", "advantages")
     }
-    kw["aux"] = {k: v.to(device) for k, v in batch.aux.items()}
+    kw["distill"] = batch.distill.map(lambda v: v.to(device))
     return replace(batch, **kw)
 
 
@@ -143,6 +143,7 @@ def test_teacher_scorer_at_auto_precision_stays_near_the_fp32_learner(device):
     from actors.scorer import TeacherScorerWorker
     from pipeline.algorithm.logprobs import response_logprobs
     from pipeline.core.hardware import choose_precision
+    from pipeline.core.types import TeacherNeeds
     from pipeline.models import as_torch_dtype, load_model
 
     path = _model_dir()
@@ -156,7 +157,7 @@ def test_teacher_scorer_at_auto_precision_stays_near_the_fp32_learner(device):
         (torch.randint(3, vocab, (p,), generator=g).tolist(), torch.randint(3, vocab, (r,), generator=g).tolist())
         for p, r in ((7, 9), (13, 4), (20, 15))
     ]
-    teacher, _ = scorer.score(items)
+    teacher = scorer.score(items, [], TeacherNeeds()).logprobs
     ref = response_logprobs(load_model(path, "fp32", "cpu"), [p for p, _ in items], [r for _, r in items])
     gaps = torch.cat([(torch.tensor(t) - r).abs() for t, r in zip(teacher, ref)])
     assert gaps.mean().item() < 0.1 and gaps.max().item() < 1.0, (gaps.mean().item(), gaps.max().item())

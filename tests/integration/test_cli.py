@@ -76,6 +76,23 @@ def test_a_new_preset_is_one_yaml_file_in_the_users_own_config_dir(tmp_path):
     [step] = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert step["gk3/loss"] == step["gk3/loss"] and step["teacher/rows_scored_frac"] == 1.0
     assert step["gk3/entropy_coef"] == 0.0  # the window schedule's metric: its part is in the run
+    log = (run_dir / "cli.log").read_text()  # the run's console is kept with it, its last line too
+    assert "privy-rl: precision: " in log and log.strip().splitlines()[-1].startswith("privy-rl: done: 1 steps")
+
+
+@pytest.mark.integration
+def test_a_sweep_point_with_a_bad_value_records_its_error_and_the_sweep_goes_on(tmp_path):
+    """Only a misspelt key or option stops a sweep before its first point (tests/integration/
+    test_cli_errors.py); a value out of range fails its own point, named in its record."""
+    sweep = tmp_path / "sweep"
+    r = train(["-m", *TINY, "learner.lr=-1,1e-5", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert r.returncode == 1, r.stderr[-3000:]  # a point did not finish: the sweep says so
+    records = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/sweep_point.json")}
+    [bad] = [v for k, v in records.items() if k.startswith("0_")]
+    [good] = [v for k, v in records.items() if k.startswith("1_")]
+    assert bad["status"] == "failed" and bad["error"].startswith("config error: learner.lr=-1")
+    assert good["status"] == "done" and len(list(sweep.glob("1_*/metrics.jsonl"))) == 1
+    assert "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize(
@@ -133,7 +150,8 @@ LONG = [
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "signame, extra, status", [("SIGINT", [], 130), ("SIGTERM", ["trainer.stop_grace_s=0.01"], 143)]
+    "signame, extra, status",
+    [pytest.param("SIGINT", [], 130, marks=pytest.mark.extended), ("SIGTERM", ["trainer.stop_grace_s=0.01"], 143)],
 )
 def test_a_stop_signal_checkpoints_the_last_completed_step_and_the_run_resumes(tmp_path, signame, extra, status):
     """Ctrl-C finishes the step it lands in. SIGTERM is a cluster's stop (`ray job stop`, a
@@ -168,7 +186,9 @@ def test_a_stop_signal_checkpoints_the_last_completed_step_and_the_run_resumes(t
 
 
 @pytest.mark.integration
-def test_a_second_ctrl_c_aborts_at_once(tmp_path):
+def test_a_second_ctrl_c_gives_up_the_step_and_saves_the_last_trained_one(tmp_path):
+    """A second Ctrl-C no longer aborts unsaved: the step still in its rollouts is given up at
+    once and the last trained step is saved (a third aborts: tests/faults/test_stop_signals.py)."""
     import signal
     import time
 
@@ -180,4 +200,16 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
-    assert "privy-rl: interrupted" in err and "Traceback" not in err
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert "second stop request (SIGINT)" in err and "Traceback" not in err
+    last = [x for x in err.splitlines() if x.startswith("privy-rl: ")][-1]
+    assert f"stopped after step {steps[-1]} of 500; step {steps[-1]} is saved" in last, err[-3000:]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{steps[-1]:06d}"
+
+
+def test_describe_prints_the_method_and_starts_nothing(tmp_path):
+    r = train(["--describe", "method=sdar", "method.beta=10"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "signal: aux" in r.stdout and "  * beta = 10" in r.stdout and "  * weight = 'gate'" in r.stdout
+    assert "    lam = 0.01" in r.stdout  # a default, unmarked
+    assert not (tmp_path / "runs").exists()

@@ -21,6 +21,7 @@ def engine(gemma3_model_dir):
     return HFEngine.from_pretrained(gemma3_model_dir, dtype="fp32", chat_template="gemma")
 
 
+@pytest.mark.extended
 def test_gemma3_is_a_base_model_that_needs_a_template(gemma3_model_dir):
     import json
 

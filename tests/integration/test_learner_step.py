@@ -13,7 +13,7 @@ import torch
 from actors.handles import LearnerGroup
 from pipeline.core.config import LearnerConfig
 from pipeline.core.microbatch import slice_rows
-from pipeline.core.types import AuxTerm, TrainBatch
+from pipeline.core.types import AuxTerm, Distill, TrainBatch
 
 pytestmark = pytest.mark.integration
 
@@ -101,7 +101,7 @@ def test_the_distillation_weight_ignores_the_engines_behaviour_logprobs(ray_loca
     teacher = (lp + 0.5 * torch.randn(lp.shape, generator=g)) * batch.response_mask
     distill = replace(
         batch,
-        aux={"teacher_logprobs": teacher},
+        distill=Distill(teacher_logprobs=teacher),
         policy_loss_coef=0.0,
         aux_terms=[AuxTerm(name="opd", kind="k3_is", coef=1.0)],
     )
@@ -135,3 +135,17 @@ def test_rows_left_out_for_a_zero_advantage_change_no_gradient(ray_local, tiny_m
     assert m_kept["learner/tokens"] == 20.0
     assert m_kept["policy/loss"] == pytest.approx(m_full["policy/loss"], rel=1e-4, abs=1e-7)
     assert m_kept["learner/grad_norm"] == pytest.approx(m_full["learner/grad_norm"], rel=1e-4)
+
+
+def test_the_step_says_where_the_learners_memory_goes(ray_local, tiny_model_dir):
+    """fp32 AdamW on one rank: the optimizer holds two moments per parameter, the gradients one
+    copy; the peak resident size is above both (the model, the step's activations); and the
+    forwards carried every real token once, no padding (learner.unpadded)."""
+    batch, _ = _batch(tiny_model_dir, [(7, 9), (5, 3), (9, 12)])
+    metrics, _ = _train(ray_local, tiny_model_dir, [batch], LearnerConfig(precision="fp32", lr=1e-6))
+    params = metrics["learner/memory/parameters_gb"]
+    assert params > 0.0
+    assert metrics["learner/memory/gradients_gb"] == pytest.approx(params, rel=0.01)
+    assert metrics["learner/memory/optimizer_gb"] == pytest.approx(2 * params, rel=0.01)
+    assert metrics["learner/memory/rss_peak_gb"] >= metrics["learner/memory/rss_start_gb"] > 3 * params
+    assert metrics["learner/forwarded_tokens"] == 7 + 9 + 5 + 3 + 9 + 12 and metrics["learner/padding_tokens"] == 0

@@ -16,7 +16,7 @@ from pipeline.orchestration.run import run_training
 from pipeline.tools.cli import compose
 from pipeline.tools.sweep_report import read_rows
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.extended]
 
 # conf/experiment/keyword_warm_start.yaml: the fp32 clone of 8 tasks x 2 epochs, 10 GRPO steps of
 # 2 x 8, validation sampled at T=1 on 64 held-out tasks; here only before the first step and after

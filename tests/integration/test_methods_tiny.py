@@ -1,6 +1,8 @@
 """Every method trains end to end: real Ray actors (rollout, learner, teacher scorer), a real
 DeepSpeed engine, the tiny model, the keyword env (whose rubric feeds targeted guidance)."""
 
+import math
+
 import pytest
 
 from pipeline.orchestration.run import run_training
@@ -251,3 +253,16 @@ def test_hint_distill_runs_its_hinted_teacher_in_the_learner_on_every_row(ray_lo
     last = history[-1]
     assert last["sd/selected_fraction"] == 1.0 and last["sd/loss"] > 0.0
     assert "teacher/seconds" not in last
+
+
+@pytest.mark.parametrize("placement", ["actor", "engine"])
+def test_a_signal_that_needs_the_teachers_entropy_trains_a_step_on_both_scoring_routes(ray_local, tmp_path, placement):
+    """conf/method/entropy_gated_hints.yaml (signal entropy_gate, docs/extending.md): the scorer
+    actor and the rollout engine both compute the channel it asks for, and the learner trains the
+    gated term."""
+    over = ["method=entropy_gated_hints", "trainer.total_steps=1", f"scorer.placement={placement}"]
+    [m] = run_training(compose(BASE + over), tmp_path)
+    assert m["teacher/rows_scored_frac"] == 1.0 and m["teacher/staleness"] == 0.0
+    assert 0.0 < m["eg/teacher_entropy_mean"] <= math.log(49152)  # nats, over the tiny model's vocabulary
+    assert 0.0 < m["eg/entropy_gate_mean"] < 1.0
+    assert math.isfinite(m["eg/loss"]) and math.isfinite(m["learner/loss"])

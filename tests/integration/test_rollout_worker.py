@@ -104,8 +104,9 @@ def test_the_engine_scores_as_the_scorer_actor_does_on_the_weights_it_samples_wi
     scorer actor gives on the same weights (fp32: the same forward, to float rounding), after
     applying the weights queued for its next turn, with their version; below the published
     version it refuses (a restarted process)."""
-    from actors.handles import WeightsLost
     from actors.scorer import TeacherScorerWorker
+    from pipeline.core.errors import WeightsLost
+    from pipeline.core.types import TeacherNeeds
 
     gen = torch.Generator().manual_seed(1)
     v3_state = {
@@ -118,14 +119,15 @@ def test_the_engine_scores_as_the_scorer_actor_does_on_the_weights_it_samples_wi
     try:
         worker.set_weights(pack(v3_state, 3))  # queued: the engine still holds v0
         scorer.set_weights(pack(v3_state, 3))
-        got, version = worker.score(items, min_version=3, micro_batch_tokens=64)
-        want, _ = scorer.score(items, min_version=3)
+        out = worker.score(items, [], TeacherNeeds(), min_version=3, micro_batch_tokens=64)
+        got, version = out.logprobs, out.version
+        want = scorer.score(items, [], TeacherNeeds(), min_version=3).logprobs
         assert version == 3 and worker.engine.version == 3
         assert [len(x) for x in got] == [3, 5, 1]
         for g, w in zip(got, want):
             assert g == pytest.approx(w, abs=1e-5)
         with pytest.raises(WeightsLost, match="holds weights v3, v4 were published"):
-            worker.score(items, min_version=4)
+            worker.score(items, [], TeacherNeeds(), min_version=4)
     finally:
         worker.close()
 
@@ -136,6 +138,7 @@ def test_the_teacher_on_the_students_support_is_the_closed_form_on_both_routes(t
     engine and the scorer actor give the same (fp32), and both equal a direct forward."""
     from actors.scorer import TeacherScorerWorker
     from pipeline.algorithm.logprobs import forward_response
+    from pipeline.core.types import TeacherNeeds
 
     plain = [([5, 6, 7, 8, 9], [10, 11, 12]), ([5, 6], [13, 14, 15, 16, 17])]
     items = [([30, 31, 32, *p], r) for p, r in plain]  # the same responses after a privileged prefix
@@ -143,11 +146,13 @@ def test_the_teacher_on_the_students_support_is_the_closed_form_on_both_routes(t
     worker = rollout_worker(tiny_model_dir, "steps3")
     scorer = TeacherScorerWorker(str(tiny_model_dir), temperature=1.0, micro_batch_tokens=64, precision="fp32")
     try:
-        *got, version = worker.score_on_support(items, plain, k, min_version=0, micro_batch_tokens=64)
-        *want, _ = scorer.score_on_support(items, plain, k, min_version=0)
+        a = worker.score(items, plain, TeacherNeeds(support_k=k), min_version=0, micro_batch_tokens=64)
+        b = scorer.score(items, plain, TeacherNeeds(support_k=k), min_version=0)
     finally:
         worker.close()
-    assert version == 0
+    got = [a.logprobs, a.plain_logprobs, a.topk_ids, a.topk_logprobs]
+    want = [b.logprobs, b.plain_logprobs, b.topk_ids, b.topk_logprobs]
+    assert a.version == 0
     lpt, lp_plain, ids, at_ids = got
     assert ids == want[2]
     for a, b in zip(got, want):

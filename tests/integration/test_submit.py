@@ -8,6 +8,7 @@ it never touches another Ray on the machine (which `ray stop --force` would).
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import time
 import uuid
@@ -54,6 +55,7 @@ def _submit(url: str, sid: str, runs: Path, overrides: list[str], *flags: str, t
         raise
 
 
+@pytest.mark.extended
 def test_submit_runs_a_tiny_job_on_an_existing_cluster(ray_cluster, tmp_path):
     import requests
 
@@ -79,6 +81,7 @@ def test_submit_runs_a_tiny_job_on_an_existing_cluster(ray_cluster, tmp_path):
     assert len(hydra_dirs) == 1, list((tmp_path / "runs").rglob("*"))
 
 
+@pytest.mark.extended
 def test_submit_runs_a_multirun_sweep_in_one_job(ray_cluster, tmp_path):
     """`-m` among the overrides: Hydra's basic launcher runs the points one after the other inside
     the one job, each in its own directory under --runs-dir, then writes the sweep summary."""
@@ -101,6 +104,7 @@ def test_submit_runs_a_multirun_sweep_in_one_job(ray_cluster, tmp_path):
     assert len(list(runs.glob("multirun/*/*/sweep_summary.md"))) == 1
 
 
+@pytest.mark.extended
 def test_ray_job_stop_leaves_a_checkpoint_of_the_last_completed_step(ray_cluster, tmp_path):
     """`ray job stop` sends SIGTERM and SIGKILL RAY_JOB_STOP_WAIT_TIME_S later (3 s by default: too
     short for a learner update and a checkpoint on a loaded 2-core machine, so the job gets 20 s,
@@ -145,6 +149,7 @@ def test_ray_job_stop_leaves_a_checkpoint_of_the_last_completed_step(ray_cluster
     assert "stopped after step" in logs  # it exited by itself, not by the SIGKILL 20 s later
 
 
+@pytest.mark.extended
 def test_retries_submit_a_failed_job_again_and_it_continues_from_its_checkpoint(ray_cluster, tmp_path):
     """`--retries 1`: the job's driver is SIGKILLed after step 2 (what a lost node does to it), the
     job FAILS, submit.sh submits it again with trainer.resume=auto, and the new job continues from
@@ -234,6 +239,120 @@ def test_submit_dry_run_quotes_overrides_and_sets_the_env(tmp_path):
         timeout=60,
     )
     assert "DS_ACCELERATOR" in cpu.stdout
+
+
+# The plain `ray job submit` of docs/cluster.md ("Without submit.sh"): the same excludes.
+PLAIN_RUNTIME_ENV = {
+    "excludes": ["/.git/", "/.venv*/", "/.cache/", "/runs/", "/outputs/", "/multirun/", "/wandb/", "/gpu_check_out*/"]
+}
+
+
+@pytest.mark.extended
+def test_a_plain_ray_job_submit_runs_the_uploaded_checkout_without_local_outputs(ray_cluster, tmp_path):
+    """docs/cluster.md's plain command from a checkout holding local outputs: the job imports the
+    uploaded code (Ray puts its working dir on the job's path; scripts/train.py adds nothing),
+    none of the outputs or venvs was uploaded, and the run trains."""
+    import requests
+
+    checkout = tmp_path / "checkout"
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for f in files:
+        if (ROOT / f).is_file():
+            (checkout / f).parent.mkdir(parents=True, exist_ok=True)
+            (checkout / f).write_bytes((ROOT / f).read_bytes())
+    outputs = ["runs/x", "multirun/x", "outputs/x", ".cache/x", ".venv-junk/x", "gpu_check_out/x", "wandb/x"]
+    for junk in outputs:
+        (checkout / junk).mkdir(parents=True)
+        (checkout / junk / "big.bin").write_bytes(b"0" * 1024)
+    run_dir = tmp_path / "run"
+    probe = (
+        "import os, pipeline; left = [d for d in ('runs', 'multirun', 'outputs', '.cache', '.venv-junk', "
+        "'gpu_check_out', 'wandb') if os.path.exists(d)]; print('uploaded outputs:', left); "
+        "print('pipeline from', os.path.dirname(pipeline.__file__))"
+    )
+    overrides = [*TINY, "trainer.total_steps=1", "rollout.max_new_tokens=8", "rollout.group_size=2"]
+    overrides += ["trainer.groups_per_step=1", f"trainer.run_dir={run_dir}"]
+    sid = f"privy-test-{uuid.uuid4().hex[:8]}"
+    cmd = [RAY, "job", "submit", "--address", ray_cluster, "--submission-id", sid, "--working-dir", "."]
+    cmd += ["--runtime-env-json", json.dumps(PLAIN_RUNTIME_ENV), "--"]
+    # `ray job submit` shell-quotes each word after --: one `sh -c` chains the probe and the run.
+    chain = shlex.join(["python", "-c", probe]) + " && "
+    chain += shlex.join(["python", "scripts/train.py", "cluster=existing", *overrides])
+    cmd += ["sh", "-c", chain]
+    try:
+        res = subprocess.run(cmd, env=cluster_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=checkout)
+    except subprocess.TimeoutExpired:
+        _job(ray_cluster, "stop", sid)
+        raise
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-6000:]
+    assert requests.get(f"{ray_cluster}/api/jobs/{sid}", timeout=30).json()["status"] == "SUCCEEDED"
+    assert "uploaded outputs: []" in out, out[-6000:]
+    [line] = [x for x in out.splitlines() if x.startswith("pipeline from ")]
+    assert str(ROOT) not in line and str(checkout) not in line  # the job's own copy, not a local checkout
+    assert (run_dir / "metrics.jsonl").exists(), out[-6000:]
+    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+def test_submit_to_an_address_where_no_cluster_answers_is_one_line_naming_it():
+    from local_ray import free_ports
+
+    [port] = free_ports(1)  # closed again: nothing listens there
+    res = subprocess.run(
+        ["bash", str(SUBMIT), "--address", f"127.0.0.1:{port}", "model=tiny"],
+        env=cluster_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"submit.sh: no Ray job server answers at http://127.0.0.1:{port} ([Errno 111] Connection refused): "
+        "start the cluster (ray start --head --dashboard-host=...) or pass --address http://HOST:8265"
+    ]
+
+
+def test_submit_can_give_the_job_its_dependencies_and_the_model_cache():
+
+    import tomllib
+
+    res = subprocess.run(
+        [
+            "bash",
+            str(SUBMIT),
+            "--dry-run",
+            "--deps",
+            "pip",
+            "--extras",
+            "sweep",
+            "--cache",
+            "/cache/privy-rl",
+            "model=tiny",
+        ],
+        env=cluster_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    argv = shlex.split(res.stdout)
+    env = json.loads(argv[argv.index("--runtime-env-json") + 1])
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert env["pip"]["packages"] == [*project["dependencies"], *project["optional-dependencies"]["sweep"]]
+    assert env["env_vars"]["PRIVY_CACHE"] == "/cache/privy-rl"
+    for local in ("/runs/", "/multirun/", "/outputs/", "/.cache/", "/.venv*/", "/gpu_check_out*/"):
+        assert local in env["excludes"]
+    uv = subprocess.run(
+        ["bash", str(SUBMIT), "--dry-run", "--deps", "uv"], env=cluster_env(), capture_output=True, text=True
+    )
+    argv = shlex.split(uv.stdout)
+    assert json.loads(argv[argv.index("--runtime-env-json") + 1])["uv"] == project["dependencies"]
+    bad = subprocess.run(
+        ["bash", str(SUBMIT), "--dry-run", "--deps", "conda"], env=cluster_env(), capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--deps wants pip or uv" in bad.stderr
 
 
 def teardown_module(module):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from local_ray import cluster_env, ray_head
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.extended]
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP_TIMEOUT = 600

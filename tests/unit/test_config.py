@@ -129,3 +129,14 @@ def test_zero_steps_evaluate_only_and_need_something_to_evaluate():
         compose(["trainer.total_steps=0"])
     with pytest.raises(ConfigError, match="trainer.total_steps must be >= 0"):
         compose(["trainer.total_steps=-1"])
+
+
+def test_truncated_sampling_for_training_fails_at_launch_naming_the_field():
+    """Under top_p < 1 the engines report log-probs renormalised over the nucleus (their tests:
+    test_top_p_*), while the learner's are over the whole vocabulary: the PPO ratio at lag 0 would
+    be 1/kept-mass, not 1 (TRL #6789). So training refuses it, naming the field; an evaluate-only
+    run (no learner step) may sample from a nucleus."""
+    with pytest.raises(ConfigError, match=r"rollout\.top_p=0\.9.*1\.0"):
+        compose(["rollout.top_p=0.9"])
+    assert compose(["rollout.top_p=1.0"]).rollout.top_p == 1.0
+    assert compose(["rollout.top_p=0.9", "trainer.total_steps=0", "trainer.val_at_start=true"]).rollout.top_p == 0.9

@@ -331,8 +331,8 @@ def test_fake_colocated_vllm_engines_sleep_exactly_while_the_learner_trains():
 class FakeScorer:
     """Stands in for the teacher scorer actor: records which loop asked it to score which group."""
 
-    wants_weights = self_teacher = True
-    on_engine = False
+    wants_weights = follows_policy = True
+    where = "a FAKE scorer"
 
     def __init__(self, delay: float):
         self.delay, self.version, self.calls = delay, 0, []
@@ -340,7 +340,7 @@ class FakeScorer:
     def needs_scoring(self, group) -> bool:  # the surface of TeacherScorer the controller reads
         return any(r.teacher_logprobs is None for r in group.rows())
 
-    async def score(self, groups, step, min_version=0, engine=None):
+    async def score(self, groups, step, min_version=0, worker=None):
         self.calls.append((asyncio.current_task().get_name(), groups[0].seed))
         await asyncio.sleep(self.delay)
         for g in groups:
@@ -411,7 +411,7 @@ class DyingWorker(FakeWorker):
         self.revived, self.lost_seeds = [], []
 
     async def run_group(self, **kw):
-        from actors.handles import ActorDied
+        from pipeline.core.errors import ActorDied
 
         self.calls += 1
         if self.calls == self.die_at:
@@ -459,7 +459,7 @@ def test_fake_a_dead_worker_is_revived_and_its_group_replayed_from_the_same_seed
 
 def test_fake_a_death_seen_by_several_loops_revives_the_worker_once():
     """Two groups in flight on one worker when it dies: both are replayed, one revive."""
-    from actors.handles import ActorDied
+    from pipeline.core.errors import ActorDied
 
     class TwoDie(DyingWorker):
         async def run_group(self, **kw):
@@ -549,12 +549,12 @@ def test_fake_below_rollout_min_workers_the_run_waits_for_the_worker_and_stops_w
 
 
 def test_fake_a_dead_scorer_is_revived_and_the_same_group_scored_never_trained_without_it():
-    from actors.handles import ActorDied
+    from pipeline.core.errors import ActorDied
 
     class DyingScorer(FakeScorer):
         name, generation, died = "teacher scorer", 0, 0
 
-        async def score(self, groups, step, min_version=0, engine=None):
+        async def score(self, groups, step, min_version=0, worker=None):
             if self.died == 0 and len(self.calls) == 2:
                 self.died = 1
                 raise ActorDied(self, self.generation, RuntimeError("SIGKILL"))
@@ -580,7 +580,7 @@ def test_fake_a_dead_scorer_is_revived_and_the_same_group_scored_never_trained_w
     )
     asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
     assert scorer.died == 1 and ctl.state.step == 3 and ctl.state.restarts == 1 and ctl.state.replayed == 0
-    assert all("teacher_logprobs" in mb.aux for mb in trained)
+    assert all(mb.distill.teacher_logprobs is not None for mb in trained)
 
 
 # ----- the collective weight sync: a restarted consumer joins a new weight group -----------------
@@ -598,7 +598,7 @@ class CollectiveLearner(FakeLearner):
         self.reforms += 1
 
     async def publish(self, version, workers, scorer=None):
-        from actors.handles import ActorDied
+        from pipeline.core.errors import ActorDied
 
         self.published.append(version)
         if len(self.published) == self.die_in:
@@ -777,8 +777,8 @@ class BehaviourScorer:
     """A FAKE teacher scorer (the loops' bookkeeping only): lpT = the behaviour log-probs. (Not
     ``FakeScorer``: a second class of that name shadowed the first for the tests above it.)"""
 
-    wants_weights = self_teacher = True
-    on_engine = False
+    wants_weights = follows_policy = True
+    where = "a FAKE scorer"
 
     def __init__(self, method):
         self.spec = method.teacher_spec()
@@ -786,7 +786,7 @@ class BehaviourScorer:
     def needs_scoring(self, group) -> bool:
         return any(r.teacher_logprobs is None for e in group.episodes for r in e.turns if self.spec.selects(e, r))
 
-    async def score(self, groups, step, min_version=0, engine=None):
+    async def score(self, groups, step, min_version=0, worker=None):
         for g in groups:
             for r in g.rows():
                 r.teacher_logprobs, r.teacher_version = list(r.behaviour_logprobs), step

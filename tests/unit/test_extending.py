@@ -42,11 +42,11 @@ def test_the_yaml_method_builds_and_distils_failed_turns_with_the_gate():
     raw = yaml.safe_load(block("method-yaml"))
     method = build_method(raw, invalid_action_penalty=PENALTY)
     spec = method.teacher_spec()
-    assert (spec.source, spec.context, spec.rows) == ("self", "feedback", "failed_turns")
+    assert (spec.follows_policy, spec.context, spec.rows) == (True, "feedback", "failed_turns")
     credit = method.credit(failed_groups(), 0)
     [term] = credit.aux_terms
     assert (term.name, term.kind, term.coef, term.gate_beta) == ("gf", "sampled_surrogate", 0.05, 5.0)
-    assert credit.aux["distill_mask"] == [[0, 0], [1], [0]]  # only the failing turn
+    assert credit.distill.distill_mask == [[0, 0], [1], [0]]  # only the failing turn
     with pytest.raises(ValueError, match="has no option"):
         build_method({**raw, "skill_mode": "ucb"}, invalid_action_penalty=PENALTY)
 

@@ -1,4 +1,5 @@
-"""scripts/gpu_check.sh's payload handling and scripts/gpu_check.py's run assertions, on CPU.
+"""scripts/gpu_check.sh's payload handling, its phase runner's report (scripts/gpu_check.py run)
+and its run assertions, on CPU.
 
 The payload arrives on the GPU machine as parts sent back to back; a part lost (the machine drops
 what it received after 30 s idle) or corrupted must stop the check at once with exit 3, naming
@@ -9,6 +10,7 @@ it, before any phase spends the device's 15 minutes. The whole check runs in CI 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import lzma
@@ -16,12 +18,16 @@ import math
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+gpu_check = sys.modules["gpu_check"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+spec.loader.exec_module(gpu_check)
 
 
 def _payload(stage: Path, n_parts: int = 2) -> list[Path]:
@@ -132,3 +138,61 @@ def test_check_run_asserts_what_the_cpu_integration_tests_assert(tmp_path, chang
         assert res.stdout.strip().splitlines()[-1].startswith("DETAIL: 3 steps")
     else:
         assert res.returncode != 0 and why in res.stderr, res.stderr
+
+
+def _runner(tmp_path: Path, budget_left: float = 600.0):
+    (tmp_path / "out").mkdir(exist_ok=True)
+    check = gpu_check.Check(
+        cpu=True, out=tmp_path / "out", stage=tmp_path, site=tmp_path, work=tmp_path, budget=600, phases=None
+    )
+    check.deadline = time.time() + budget_left
+    return check
+
+
+def _py(code: str) -> "gpu_check.Step":
+    return gpu_check.Step([sys.executable, "-c", code])
+
+
+def _report(check) -> list[str]:
+    return (check.out / "report.txt").read_text().splitlines()
+
+
+def test_a_phase_past_its_timeout_is_stopped_and_fails_naming_its_last_detail(tmp_path):
+    check = _runner(tmp_path)
+    slow = _py("import time; print('DETAIL: warming up', flush=True); time.sleep(60)")
+    assert gpu_check.run_phase(check, gpu_check.Phase("slow", 1, lambda c, s: [slow])) == 124
+    [row] = _report(check)
+    assert row.startswith("slow       FAIL") and row.endswith("timed out after 1 s; last: warming up"), row
+    assert check.failed
+
+
+def test_a_step_that_fails_on_the_way_fails_the_phase_with_exit_1_and_its_error_line(tmp_path):
+    check = _runner(tmp_path)
+    steps = [_py("import sys; print('ValueError: no such model', file=sys.stderr); sys.exit(2)"), _py("print('never')")]
+    assert gpu_check.run_phase(check, gpu_check.Phase("train", 60, lambda c, s: steps)) == 1
+    [row] = _report(check)
+    assert row.startswith("train      FAIL") and row.endswith("exit 1: ValueError: no such model"), row
+    assert "never" not in (check.out / "train.log").read_text()
+
+
+def test_a_check_passes_with_its_detail_and_skips_say_why(tmp_path):
+    check = _runner(tmp_path)
+    ok = gpu_check.Phase("ray", 60, lambda c, s: [_py("print('x')")], lambda c: _py("print('DETAIL: 2 actors')"))
+    assert gpu_check.run_phase(check, ok) == 0
+
+    def no_gpu(c, s):
+        raise gpu_check.Skip("--cpu: needs CUDA")
+
+    assert gpu_check.run_phase(check, gpu_check.Phase("gpu_tests", 60, no_gpu)) == gpu_check.SKIP_RC
+    exits_77 = gpu_check.Phase("setup", 60, lambda c, s: [_py("print('no payload'); raise SystemExit(77)")])
+    assert gpu_check.run_phase(check, exits_77) == gpu_check.SKIP_RC
+    check.phases = "train"
+    assert gpu_check.run_phase(check, ok) is None
+    check.phases, check.deadline = None, time.time() + 20  # less than a phase's minimum left
+    assert gpu_check.run_phase(check, ok) is None
+    rows = _report(check)
+    assert rows[0].startswith("ray        PASS") and rows[0].endswith("  2 actors")
+    assert rows[1].endswith("  --cpu: needs CUDA") and rows[1].startswith("gpu_tests  SKIP")
+    assert rows[2].startswith("setup      SKIP") and rows[2].endswith("  no payload")
+    assert rows[3] == "ray        SKIP    0 s  not asked (--phases train)"
+    assert rows[4].startswith("ray        SKIP    0 s  out of time: 1") and not check.failed

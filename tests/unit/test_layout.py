@@ -1,5 +1,6 @@
 """The tree is the architecture: no import cycle, imports only go down the layers, envs depend on
-the records alone, and nothing outside ``pipeline/methods/`` reaches past the method registry."""
+the records alone, nothing outside ``pipeline/methods/`` reaches past the method registry, and one
+module of ``pipeline/`` (``DOOR``) imports ``actors/`` and ``envs/``."""
 
 from __future__ import annotations
 
@@ -33,8 +34,6 @@ ALLOWED = {
         "pipeline.methods",
         "pipeline.distributed",
         "pipeline.models",
-        "actors",
-        "envs",
     },
     "pipeline.tools": {
         "pipeline.core",
@@ -44,10 +43,11 @@ ALLOWED = {
         "pipeline.distributed",
         "pipeline.models",
         "pipeline.orchestration",
-        "actors",
-        "envs",
     },
 }
+# The one module of pipeline/ that imports actors/ and envs/: it starts the actors and hands the
+# rest of pipeline/ their handles (and plain workers to the warm start and feedback selection).
+DOOR = "pipeline.orchestration.launch"
 
 
 def _module(path: Path) -> str:
@@ -117,13 +117,22 @@ def test_imports_only_go_down_the_layers():
     bad = []
     for module, deps in imports().items():
         own = layer(module)
-        allowed = ALLOWED.get(own, set())
+        allowed = ALLOWED.get(own, set()) | ({"actors", "envs"} if module == DOOR else set())
         for dep in deps:
             target = layer(dep)
             if target == own or any(dep == a or dep.startswith(a + ".") for a in allowed):
                 continue
             bad.append(f"{module} -> {dep}")
     assert not bad, "imports against the layering: " + ", ".join(sorted(bad))
+
+
+def test_launch_is_the_one_module_of_pipeline_that_imports_actors_or_envs():
+    doors = sorted(
+        m
+        for m, deps in imports().items()
+        if m.startswith("pipeline") and any(d.startswith(("actors", "envs")) for d in deps)
+    )
+    assert doors == [DOOR], doors
 
 
 def test_envs_depend_on_the_records_only():
@@ -158,3 +167,17 @@ def test_the_package_docstring_lists_the_layers_in_the_order_imports_go():
     for i, name in enumerate(order):
         below = {m for m in ALLOWED[name] if m.startswith("pipeline.")}
         assert below <= set(order[:i]), f"{name} imports {sorted(below - set(order[:i]))}, listed after it"
+
+
+def test_the_product_imports_no_lab_code():
+    """scripts/lab (result tables, statistics, fault injection) and its scipy serve scripts and
+    tests; a run never needs them (``make train`` installs the product alone)."""
+    bad = []
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.level == 0:
+                    names = [node.module or ""]
+                bad += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in ("lab", "scipy")]
+    assert not bad, bad

@@ -9,7 +9,7 @@ import torch
 from actors.learner_setup import ds_config
 from pipeline.core.config import LearnerConfig
 from pipeline.core.microbatch import to_device
-from pipeline.core.types import AuxTerm, TrainBatch
+from pipeline.core.types import AuxTerm, Distill, TrainBatch
 
 
 def test_ds_config_offloads_only_what_is_asked():
@@ -37,7 +37,7 @@ def _batch(teacher: bool) -> TrainBatch:
         response_mask=resp,
         behaviour_logprobs=torch.zeros(2, 4),
         advantages=torch.ones(2, 4),
-        aux={"teacher_logprobs": torch.zeros(2, 4)},
+        distill=Distill(teacher_logprobs=torch.zeros(2, 4)),
         aux_terms=[AuxTerm(name="x", kind="k3_is", coef=1.0)],
         versions=[0, 1],
         **kw,
@@ -49,7 +49,14 @@ def test_to_device_moves_every_tensor_and_keeps_the_rest():
         b = _batch(teacher)
         assert to_device(b, "cpu") is b and to_device(b, torch.device("cpu", 0)) is b
         m = to_device(b, "meta")  # a second device that exists on every machine
-        tensors = [m.input_ids, m.attention_mask, m.response_mask, m.behaviour_logprobs, m.advantages, *m.aux.values()]
+        tensors = [
+            m.input_ids,
+            m.attention_mask,
+            m.response_mask,
+            m.behaviour_logprobs,
+            m.advantages,
+            *m.distill.present().values(),
+        ]
         if teacher:
             tensors += [m.teacher_input_ids, m.teacher_attention_mask, m.teacher_response_mask]
         else:

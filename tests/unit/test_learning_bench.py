@@ -1,4 +1,4 @@
-"""scripts/bench/learning.py and the stored results (pipeline/tools/results.py) on hand-made runs:
+"""scripts/bench/learning.py and the stored results (scripts/lab/results.py) on hand-made runs:
 the test split's intervals, the paired differences, the repeats, the result folder and its check."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tools import results
-from pipeline.tools.stats import mean_interval, paired_interval, task_bootstrap_interval
+from lab import results
+from lab.stats import mean_interval, paired_interval, task_bootstrap_interval
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("learning_bench", ROOT / "scripts" / "bench" / "learning.py")
@@ -130,6 +130,7 @@ def test_the_table_reads_the_test_split_pairs_seeds_and_keeps_repeats_apart(tmp_
 def test_a_result_folder_and_the_docs_blocks_are_checked_against_their_runs(tmp_path):
     root = tmp_path / "repo"
     folder = make_runs(root / "docs" / "results" / "toy")
+    results.pack_runs(folder)
     results.write_meta(folder, ROOT, kind="learning", command="python x", baseline="grpo", split="test")
     results.rebuild_folder(folder)
     (root / "README.md").write_text("intro\n<!-- results: toy/table -->\nstale\n<!-- /results -->\nend\n")
@@ -138,8 +139,8 @@ def test_a_result_folder_and_the_docs_blocks_are_checked_against_their_runs(tmp_
     assert results.check(root) == []
     assert (folder / "table.md").read_text() in (root / "README.md").read_text()
     # a run's data changed after the table was made: the check names the stale table
-    metrics = folder / "runs" / "grpo_s1" / "metrics.jsonl"
-    metrics.write_text(metrics.read_text().replace('"final/test/success": 0.75', '"final/test/success": 0.5'))
+    write_run(folder / "runs", "grpo_s1", [0.2, 0.6], [1, 1, 0, 0])
+    results.pack_runs(folder)
     problems = results.check(root)
     assert any("table.json: does not follow" in p for p in problems)
     meta = json.loads((folder / "meta.json").read_text())

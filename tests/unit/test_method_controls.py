@@ -7,7 +7,8 @@ import pytest
 import torch
 from method_groups import build, episode, scored_groups, turn, unscored
 
-from pipeline.algorithm.losses import LossInputs, nll, policy_loss
+from pipeline.algorithm.aux_losses import LossInputs, nll
+from pipeline.algorithm.losses import policy_loss
 from pipeline.orchestration.batches import build_train_batch, minibatch_bounds, rows_of
 
 
@@ -19,7 +20,7 @@ def test_null_baseline_is_grpo_shifted_by_minus_lam_gap_on_every_token():
     for a, b in zip(null.advantages, grpo.advantages):
         assert a == pytest.approx([x - 0.2 for x in b])
     assert null.metrics["null_baseline/advantage_shift"] == pytest.approx(-0.2)
-    assert not null.aux_terms and not null.aux
+    assert not null.aux_terms and not null.distill.present()
     assert build("null_baseline").teacher_spec() is None  # no scorer, no teacher
 
 
@@ -50,7 +51,7 @@ def test_imitation_trains_only_the_demonstrations_by_nll_and_keeps_them_out_of_t
     policy_adv = credit.advantages[:a_rows] + credit.advantages[a_rows + 2 :]
     assert policy_adv == grpo.advantages
     assert credit.advantages[a_rows : a_rows + 2] == [[0.0] * 3, [0.0]]
-    pmask, dmask = credit.aux["policy_mask"], credit.aux["distill_mask"]
+    pmask, dmask = credit.distill.policy_mask, credit.distill.distill_mask
     assert [row[0] for row in pmask] == [1.0] * a_rows + [0.0, 0.0] + [1.0] * (n_policy - a_rows)
     assert [[1.0 - x for x in row] for row in pmask] == dmask
     [term] = credit.aux_terms
@@ -71,16 +72,16 @@ def test_imitation_term_is_lam_times_the_mean_nll_per_demonstration_token_and_po
         mask=batch.response_mask,
         n_tokens_total=n_all,
         proximal_logprobs=lp,
-        distill_mask=batch.aux["distill_mask"],
+        distill_mask=batch.distill.distill_mask,
     )
     loss, _ = nll(x)
     assert credit.aux_terms[0].coef * loss.item() == pytest.approx(0.5 * 2.0)  # lam x mean NLL (2.0)
     # the learner's policy term over the policy mask: the demonstrations' behaviour log-probs (0,
     # no behaviour) change nothing
-    pmask = batch.response_mask * batch.aux["policy_mask"]
+    pmask = batch.response_mask * batch.distill.policy_mask
     n_policy = pmask.sum()
     pg, _ = policy_loss(lp, batch.behaviour_logprobs, batch.advantages, pmask, n_policy)
-    keep = batch.aux["policy_mask"][:, :].amax(dim=1) > 0
+    keep = batch.distill.policy_mask[:, :].amax(dim=1) > 0
     pg_plain, _ = policy_loss(
         lp[keep],
         batch.behaviour_logprobs[keep],
@@ -93,5 +94,5 @@ def test_imitation_term_is_lam_times_the_mean_nll_per_demonstration_token_and_po
 
 def test_imitation_without_demonstrations_adds_no_term():
     credit = build("hint_imitation").credit(unscored(scored_groups()), 0)
-    assert not credit.aux_terms and "policy_mask" not in credit.aux
+    assert not credit.aux_terms and credit.distill.policy_mask is None
     assert credit.metrics["imit/demo_token_fraction"] == 0.0

@@ -44,7 +44,7 @@ def run_steps(m, ks_and_srs, *, window: int, start: int = 0):
             m.after_train_step(step, {"opd/alignment": k})  # the learner's K_n of this step
         else:
             credit = m.credit(groups_with_alignment(k), step)
-            assert credit.aux_terms == [] and credit.aux == {}
+            assert credit.aux_terms == [] and credit.distill.present() == {}
         if (step + 1) % window == 0:
             m.on_validation(step + 1, sr)
     return asked
@@ -63,7 +63,7 @@ def test_opd_credit_is_grpo_plus_k3_is_towards_the_frozen_teacher():
     [term] = credit.aux_terms
     assert (term.name, term.kind, term.coef) == ("opd", "k3_is", 0.01)
     rows = [r for g in groups for r in g.rows()]
-    assert credit.aux == {"teacher_logprobs": [r.teacher_logprobs for r in rows]}
+    assert credit.distill.present() == {"teacher_logprobs": [r.teacher_logprobs for r in rows]}
     want = grpo_advantages(rows_from_groups(groups), invalid_penalty=PENALTY).advantages.tolist()
     assert [a[0] for a in credit.advantages] == pytest.approx(want)
 
@@ -165,7 +165,7 @@ def test_adopting_the_phase_one_teacher_sets_path_and_success_rate(tmp_path):
         m.teacher_active(0)
     m.adopt_prerequisite(str(tmp_path), 0.8)
     spec = m.teacher_spec()
-    assert (spec.source, spec.frozen_path, spec.placement) == ("frozen", str(tmp_path), "user")
+    assert (spec.follows_policy, spec.weights_path, spec.placement) == (False, str(tmp_path), "user")
     assert m.teacher_active(0) and m.retirement.teacher_success_rate == 0.8
     assert m.state_dict()["teacher_path"] == str(tmp_path)
     assert read_teacher_success_rate(tmp_path) == 0.8  # stored with the teacher

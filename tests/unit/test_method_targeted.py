@@ -102,7 +102,7 @@ def test_turn_feedback_skips_empty_feedback_strings():
 def test_full_estimator_masks_only_failed_turn_rows():
     credit = full_method().credit(tg_groups(), 0)
     # rows: a/ep0 t0,t1 | a/ep1 t0,t1 | a/ep2 t0,t1 | b/ep0 t0,t1 | b/ep1 t0
-    assert credit.aux["distill_mask"] == [
+    assert credit.distill.distill_mask == [
         [0, 0],
         [0, 0, 0],
         [0, 0],
@@ -115,14 +115,14 @@ def test_full_estimator_masks_only_failed_turn_rows():
     ]
     [term] = credit.aux_terms
     assert (term.name, term.kind, term.coef) == ("tg", "full_kl", 0.1)
-    assert "teacher_logprobs" not in credit.aux
+    assert credit.distill.teacher_logprobs is None
 
 
 def test_full_estimator_without_thinking_masks_only_the_tokens_after_thinking():
     credit = full_method(distill_thinking=False).credit(tg_groups(), 0)
-    assert credit.aux["distill_mask"][3] == [0, 0, 0, 1]  # thinking_len 3 of 4
-    assert credit.aux["distill_mask"][4] == [0, 1, 1]  # thinking_len 1 of 3
-    assert credit.aux["distill_mask"][6] == [1, 1]  # no thinking
+    assert credit.distill.distill_mask[3] == [0, 0, 0, 1]  # thinking_len 3 of 4
+    assert credit.distill.distill_mask[4] == [0, 1, 1]  # thinking_len 1 of 3
+    assert credit.distill.distill_mask[6] == [1, 1]  # no thinking
 
 
 def test_full_estimator_builds_feedback_prompts_for_failed_rows_and_plain_ones_elsewhere():
@@ -145,7 +145,7 @@ def test_full_estimator_without_attached_prompts_says_what_is_missing():
 def test_always_on_distills_every_row_of_episodes_with_a_failure():
     method = full_method(always_on=True)
     credit = method.credit(tg_groups(), 0)
-    selected = [any(row) for row in credit.aux["distill_mask"]]
+    selected = [any(row) for row in credit.distill.distill_mask]
     assert selected == [False, False, True, True, True, True, True, True, False]
     assert (0, ["fix tests", "be brief"]) in method.prompts.calls
 
@@ -203,7 +203,7 @@ def test_criterion_reward_ablation_uses_task_success_only_and_changes_advantages
 def test_sampled_estimator_asks_the_scorer_for_failed_turns_and_uses_k3_is():
     method = build("targeted_guidance", estimator="k3_is", always_on=True)
     spec = method.teacher_spec()
-    assert (spec.source, spec.context, spec.rows, spec.always_on) == ("self", "feedback", "failed_turns", True)
+    assert (spec.follows_policy, spec.context, spec.rows, spec.always_on) == (True, "feedback", "failed_turns", True)
     assert method.teacher_active(0)
 
 
@@ -235,7 +235,17 @@ def test_sampled_estimator_fills_unscored_rows_with_zero_and_masks_them():
     credit = build("targeted_guidance", estimator="k3_is").credit(groups, 0)
     [term] = credit.aux_terms
     assert (term.name, term.kind, term.coef) == ("tg", "k3_is", 0.1)
-    assert credit.aux["teacher_logprobs"][3] == [-0.5, -0.6, -0.7, -0.8]
-    assert credit.aux["teacher_logprobs"][4] == [0.0, 0.0, 0.0]
-    assert [any(m) for m in credit.aux["distill_mask"]] == [False, False, False, True, False, False, True, False, False]
+    assert credit.distill.teacher_logprobs[3] == [-0.5, -0.6, -0.7, -0.8]
+    assert credit.distill.teacher_logprobs[4] == [0.0, 0.0, 0.0]
+    assert [any(m) for m in credit.distill.distill_mask] == [
+        False,
+        False,
+        False,
+        True,
+        False,
+        False,
+        True,
+        False,
+        False,
+    ]
     assert credit.teacher_prompt_ids is None

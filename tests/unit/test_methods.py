@@ -14,7 +14,7 @@ from method_groups import PENALTY, build, scored_groups, unscored
 
 from pipeline.algorithm.adrs import adrs_advantages
 from pipeline.algorithm.advantages import gigpo_advantages, grpo_advantages, rows_from_groups
-from pipeline.algorithm.losses import AUX_NEEDS_LOGITS, LossInputs, aux_loss
+from pipeline.algorithm.aux_losses import LossInputs, aux_loss, loss_spec
 from pipeline.methods import available_methods, build_method, load_preset
 from pipeline.orchestration.batches import build_train_batch, rows_of
 
@@ -64,18 +64,29 @@ def test_registry_holds_every_preset_and_the_papers_and_controls_are_among_them(
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_every_preset_yaml_builds_with_exactly_its_parts_options(name):
+def test_every_preset_yaml_holds_only_what_differs_from_its_parts_defaults(name):
+    """A preset names the parts and option values that differ from the defaults (DEFAULT_KINDS, each
+    part's Options), nothing else: a default changed in code changes every preset that uses it."""
+    import dataclasses
+
+    from pipeline.methods.parts import DEFAULT_KINDS
     from pipeline.tools.cli import compose
 
     raw = compose([f"method={name}", "env=alfworld"]).method  # skill_bank follows env.name
     method = build_method(raw, invalid_action_penalty=PENALTY)
     assert method.name == name
-    preset = load_preset(name)
-    options = {k: v for k, v in raw.items() if k not in ("name", "parts", "fixed", "prefix")}
-    declared = {f for part in method.parts.values() for f in getattr(part.opts, "__dataclass_fields__", {})}
-    assert set(options) | set(preset.get("fixed", {})) == declared, "the YAML must list every option of its parts"
-    for key, value in options.items():
-        assert getattr(method.opts, key) == value, key
+    preset = load_preset(name)  # the file's own values (interpolations such as ${env.name} left out)
+    restated = [f"parts.{s}" for s, k in (preset.get("parts") or {}).items() if DEFAULT_KINDS[s] == k]
+    assert preset.get("prefix") != name, "prefix defaults to the name"
+    for part in method.parts.values():
+        for f in dataclasses.fields(part.opts) if dataclasses.is_dataclass(part.opts) else ():
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if f.name in preset and preset[f.name] == default:
+                restated.append(f.name)
+    assert not restated, f"conf/method/{name}.yaml restates defaults: {restated}"
+    for key, value in raw.items():
+        if key not in ("name", "parts", "fixed", "prefix"):
+            assert getattr(method.opts, key) == value, key
 
 
 def test_every_yaml_starts_with_a_one_line_comment():
@@ -145,10 +156,14 @@ def test_every_method_credit_fits_the_train_batch_builder(name):
         method = build(name, teacher_path="/teacher", teacher_success_rate=0.5)
     method.attach(FakePrompts())
     spec = method.teacher_spec()
-    if spec is not None and spec.support_k:  # topk_rkl: the scorer also gives the student's support
+    k = spec.needs.support_k if spec is not None else 0
+    if k:  # topk_rkl: the scorer also gives the student's support
         for r in rows_of(groups):
-            r.teacher_topk_ids = [list(range(spec.support_k)) for _ in r.response_ids]
-            r.teacher_topk_logprobs = [[-2.0] * spec.support_k for _ in r.response_ids]
+            r.teacher_topk_ids = [list(range(k)) for _ in r.response_ids]
+            r.teacher_topk_logprobs = [[-2.0] * k for _ in r.response_ids]
+    for c in spec.needs.channels if spec is not None else ():  # what else the signal asks of the teacher
+        for r in rows_of(groups):
+            r.teacher_channels = {**(r.teacher_channels or {}), c.name: [1.0] * r.n_response}
     step = 30  # inside ADRS's shaping window
     assert method.teacher_active(step) == (method.teacher_spec() is not None)
     credit = method.credit(groups, step)
@@ -161,9 +176,9 @@ def test_every_method_credit_fits_the_train_batch_builder(name):
         "topk_rkl": {"teacher_logprobs", "topk_ids", "topk_teacher_logprobs"},
     }
     for term in batch.aux_terms:
-        assert needs[term.kind] <= set(batch.aux), (name, term.kind)
+        assert needs[term.kind] <= set(batch.distill.present()), (name, term.kind)
         assert term.kind != "full_kl" or batch.teacher_input_ids is not None
-        if term.kind not in AUX_NEEDS_LOGITS:  # the loss runs on the batch as the learner hands it over
+        if not loss_spec(term.kind).needs_logits:  # the loss runs on the batch as the learner hands it over
             loss, _ = aux_loss(_inputs(batch, grad=True), term)
             assert torch.isfinite(loss)
 
@@ -177,8 +192,8 @@ def _inputs(batch, grad: bool = False) -> LossInputs:
         n_tokens_total=batch.n_tokens,
         proximal_logprobs=batch.behaviour_logprobs,
         input_ids=batch.input_ids,
-        teacher_logprobs=batch.aux.get("teacher_logprobs"),
-        distill_mask=batch.aux.get("distill_mask"),
+        teacher_logprobs=batch.distill.teacher_logprobs,
+        distill_mask=batch.distill.distill_mask,
     )
 
 
@@ -204,7 +219,7 @@ def test_gigpo_adds_the_weighted_anchor_step_advantage_to_each_row():
     mu, sd = sum(returns) / 3, torch.tensor(returns).std().item()
     a_e = grpo_rows(groups)
     assert credit.advantages[0][0] == pytest.approx(a_e[0] + 2.0 * (5.0 - mu) / (sd + 1e-6), abs=1e-5)
-    assert credit.aux == {} and credit.aux_terms == [] and build("gigpo").teacher_spec() is None
+    assert credit.distill.present() == {} and credit.aux_terms == [] and build("gigpo").teacher_spec() is None
 
 
 def test_skill_grpo_gives_the_student_its_retrieval_options_and_plain_grpo_credit():
@@ -226,20 +241,25 @@ def test_skill_grpo_gives_the_student_its_retrieval_options_and_plain_grpo_credi
 
 
 @pytest.mark.parametrize(
-    "name, source, placement",
+    "name, follows_policy, placement",
     [
-        ("sdar", "self", "raw_prefix"),
-        ("opsd", "self", "raw_prefix"),
-        ("grpo_opsd", "self", "raw_prefix"),
-        ("skill_sd", "self", "raw_prefix"),
-        ("adrs", "self", "raw_prefix"),
-        ("retire_opd", "frozen", "user"),
+        ("sdar", True, "raw_prefix"),
+        ("opsd", True, "raw_prefix"),
+        ("grpo_opsd", True, "raw_prefix"),
+        ("skill_sd", True, "raw_prefix"),
+        ("adrs", True, "raw_prefix"),
+        ("retire_opd", False, "user"),
     ],
 )
-def test_skill_teacher_methods_ask_for_a_skills_teacher_with_their_retrieval_options(name, source, placement):
+def test_skill_teacher_methods_ask_for_a_skills_teacher_with_their_retrieval_options(name, follows_policy, placement):
     method = build(name, skill_mode="random")
     spec = method.teacher_spec()
-    assert (spec.source, spec.context, spec.placement, spec.rows) == (source, "skills", placement, "all")
+    assert (spec.follows_policy, spec.context, spec.placement, spec.rows) == (
+        follows_policy,
+        "skills",
+        placement,
+        "all",
+    )
     assert method.skills_for_teacher() == {"bank": "alfworld", "mode": "random", "top_k": 6, "placement": placement}
 
 
@@ -261,8 +281,8 @@ def _learner_gate_mean(groups, credit) -> tuple[float, dict]:
 def test_sdar_term_carries_beta_and_the_loss_gates_with_the_current_logprobs():
     groups = scored_groups()
     credit = build("sdar").credit(groups, 0)
-    assert credit.aux["teacher_logprobs"] == [r.teacher_logprobs for r in rows_of(groups)]
-    assert "distill_weight" not in credit.aux  # the gate follows the learner's current policy
+    assert credit.distill.teacher_logprobs == [r.teacher_logprobs for r in rows_of(groups)]
+    assert credit.distill.distill_mask is None  # no precomputed gate: it follows the learner's current policy
     [term] = credit.aux_terms
     assert (term.name, term.kind, term.coef, term.gate_beta) == ("sdar", "sampled_surrogate", 0.01, 5.0)
     assert credit.policy_loss_coef == 1.0 and credit.entropy_coef is None
@@ -293,7 +313,7 @@ def test_opsd_is_the_sdar_term_without_the_policy_loss():
     groups = scored_groups()
     opsd, sdar = build("opsd").credit(groups, 0), build("sdar").credit(groups, 0)
     assert opsd.policy_loss_coef == 0.0
-    assert opsd.aux == sdar.aux and opsd.aux_terms == sdar.aux_terms
+    assert opsd.distill == sdar.distill and opsd.aux_terms == sdar.aux_terms
 
 
 def test_grpo_opsd_gate_is_one_half_on_every_token():
@@ -311,7 +331,7 @@ def test_skill_sd_adds_a_thousandth_of_k3_is_towards_the_skill_self_teacher():
     credit = build("skill_sd").credit(groups, 0)
     [term] = credit.aux_terms
     assert (term.name, term.kind, term.coef) == ("skill_sd", "k3_is", 0.001)
-    assert credit.aux == {"teacher_logprobs": [r.teacher_logprobs for r in rows_of(groups)]}
+    assert credit.distill.present() == {"teacher_logprobs": [r.teacher_logprobs for r in rows_of(groups)]}
     assert credit.policy_loss_coef == 1.0
     assert_nested_close(credit.advantages, per_row(groups, grpo_rows(groups)))
 
@@ -387,3 +407,26 @@ def test_method_options_are_independent_dataclass_instances():
     a.opts.criterion_weights["x"] = 2.0
     assert b.opts.criterion_weights == {}
     assert dataclasses.is_dataclass(a.opts)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_describe_prints_every_part_with_its_formula_and_marks_what_the_preset_sets(name):
+    import sys
+
+    from pipeline.methods import describe_method
+    from pipeline.methods.describe import formula
+
+    raw = {"name": name, **({"teacher_path": "/teacher", "teacher_success_rate": 0.5} if "retire" in name else {})}
+    text = describe_method(raw, env_name="alfworld")
+    method = build(name, **{k: v for k, v in raw.items() if k != "name"})
+    for slot, part in method.parts.items():
+        assert f"\n{slot}: {part.kind}\n" in text
+        text_of_kind = formula(part)
+        doc = sys.modules[type(part).__module__].__doc__
+        first = " ".join(doc.split("\n\n")[0].split())
+        # its own bullet where the module lists kinds (a module of one part: its first paragraph)
+        assert text_of_kind and (text_of_kind != first or "\n- ``" not in doc), (slot, part.kind)
+    preset = load_preset(name)
+    for key in preset:
+        if key not in ("name", "parts", "fixed", "prefix"):
+            assert f"  * {key} = " in text, key

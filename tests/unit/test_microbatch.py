@@ -5,7 +5,7 @@ import pickle
 import torch
 
 from pipeline.core.microbatch import slice_rows, split_by_tokens, split_rows
-from pipeline.core.types import TrainBatch
+from pipeline.core.types import Distill, TrainBatch
 
 
 def batch_of(lengths: list[int], width: int | None = None) -> TrainBatch:
@@ -24,7 +24,7 @@ def batch_of(lengths: list[int], width: int | None = None) -> TrainBatch:
         response_mask=resp,
         behaviour_logprobs=torch.zeros(len(lengths), width),
         advantages=torch.ones(len(lengths), width),
-        aux={"teacher_logprobs": torch.zeros(len(lengths), width)},
+        distill=Distill(teacher_logprobs=torch.zeros(len(lengths), width)),
         versions=list(range(len(lengths))),
     )
 
@@ -67,7 +67,7 @@ def test_sorting_rows_by_length_cuts_padding_and_keeps_every_row_whole():
     for j, v in enumerate(s.versions):  # each row moved whole, every field with it
         for name in ("input_ids", "attention_mask", "response_mask", "behaviour_logprobs", "advantages"):
             assert torch.equal(getattr(s, name)[j], getattr(b, name)[v])
-        assert torch.equal(s.aux["teacher_logprobs"][j], b.aux["teacher_logprobs"][v])
+        assert torch.equal(s.distill.teacher_logprobs[j], b.distill.teacher_logprobs[v])
     before = padded_tokens(split_by_tokens(b, 24))
     after = padded_tokens(split_by_tokens(s, 24))
     assert before[0] == after[0] == sum(lengths)

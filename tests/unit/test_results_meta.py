@@ -1,10 +1,10 @@
-"""A result folder's metadata (pipeline/tools/results.py) where the code is not a git checkout."""
+"""A result folder's metadata (scripts/lab/results.py) where the code is not a git checkout."""
 
 from __future__ import annotations
 
 import json
 
-from pipeline.tools.results import git_commit, write_benchmark
+from lab.results import git_commit, write_benchmark
 
 
 def test_a_tree_without_git_is_named_so_instead_of_failing(tmp_path):

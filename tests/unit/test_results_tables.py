@@ -3,7 +3,7 @@ is its folder's table (``scripts/results.py check``; ``rebuild`` fixes what it f
 
 from pathlib import Path
 
-from pipeline.tools.results import BLOCK, check, doc_files
+from lab.results import BLOCK, check, doc_files
 
 ROOT = Path(__file__).resolve().parents[2]
 

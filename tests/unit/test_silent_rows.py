@@ -5,7 +5,7 @@ import torch
 
 from pipeline.algorithm.losses import policy_loss
 from pipeline.core.microbatch import split_rows
-from pipeline.core.types import AuxTerm, TrainBatch
+from pipeline.core.types import AuxTerm, Distill, TrainBatch
 from pipeline.orchestration.batches import drop_silent_rows
 
 
@@ -72,7 +72,7 @@ def test_the_policy_gradient_is_the_whole_batchs():
 
 def test_batches_that_an_aux_term_reads_stay_whole():
     batch = _batch([0.0, 1.0, 0.0], [6, 6, 6])
-    batch.aux = {"teacher_logprobs": torch.zeros_like(batch.advantages)}
+    batch.distill = Distill(teacher_logprobs=torch.zeros_like(batch.advantages))
     batch.aux_terms = [AuxTerm(name="sdar", kind="sampled_surrogate", coef=0.1)]
     assert drop_silent_rows(batch) is batch
 

@@ -35,9 +35,9 @@ class FakeCheckpointer:
     def __init__(self, seconds: float = 0.0):
         self.saved, self.seconds = [], seconds
 
-    async def save(self, controller, step):
+    async def save(self, step, learner, run_state):
         await asyncio.sleep(self.seconds)
-        self.saved.append((step, controller.buffer.state_dict()))
+        self.saved.append((step, run_state["buffer"]))
         return f"step_{step}"
 
 

@@ -12,7 +12,7 @@ import torch
 from envs import make_env
 from envs.actions import parse_think_action
 from envs.alfworld.expert import expert_reason, planned_reason, successor
-from pipeline.algorithm.losses import AUX_LOSSES, LossInputs
+from pipeline.algorithm.aux_losses import LOSSES, LossInputs
 from pipeline.context.student_prompts import StudentPrompts
 from pipeline.core.chat_templates import stop_token_ids
 from pipeline.core.config import EnvConfig
@@ -130,7 +130,7 @@ def test_the_sft_batch_turns_the_policy_term_off_and_names_one_nll_term(rows):
 def test_nll_is_the_token_mean_of_minus_logprobs():
     lp = torch.tensor([[-1.0, -2.0, -4.0], [-0.5, -9.0, -3.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
-    loss, m = AUX_LOSSES["nll"](LossInputs(logprobs=lp, mask=mask, n_tokens_total=4.0, proximal_logprobs=lp.detach()))
+    loss, m = LOSSES["nll"].fn(LossInputs(logprobs=lp, mask=mask, n_tokens_total=4.0, proximal_logprobs=lp.detach()))
     assert loss.item() == pytest.approx((1 + 2 + 0.5 + 3) / 4)
     loss.backward()
     assert torch.equal(lp.grad, -mask / 4)

@@ -25,8 +25,9 @@ import torch
 if os.environ.get("PRIVY_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm")
 
-from actors.engines.base import FinishReason
-from actors.engines.vllm import VLLMEngine, cpu_bind, request_seed
+from actors.engines.base import FinishReason, request_seed
+from actors.engines.vllm import VLLMEngine
+from actors.engines.vllm_setup import cpu_bind
 from pipeline.algorithm.logprobs import response_logprobs
 from pipeline.models import load_model
 

@@ -22,14 +22,13 @@ from pipeline.methods.parts.base import DEFAULT_KINDS, PARTS, SLOTS, Part, Setti
 
 
 def load_parts() -> None:
-    """Import the modules that register parts."""
-    import pipeline.methods.parts.advantage
-    import pipeline.methods.parts.context
-    import pipeline.methods.parts.reward
-    import pipeline.methods.parts.schedule
-    import pipeline.methods.parts.select
-    import pipeline.methods.parts.signal
-    import pipeline.methods.parts.teacher  # noqa: F401
+    """Import every module of this package: each registers its parts (a new kind of part is a
+    new module here, or a class in an existing one; nothing lists them)."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
 
 
 __all__ = ["DEFAULT_KINDS", "PARTS", "Part", "SLOTS", "Setting", "load_parts", "part"]

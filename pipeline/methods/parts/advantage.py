@@ -12,22 +12,40 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.algorithm.advantages import RowAdvantages, RowInput, gigpo_advantages, grpo_advantages
-from pipeline.methods.options import check_types, require
+from pipeline.methods.options import require
 from pipeline.methods.parts.base import Part, part
 
 
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+    """How a signal that shapes step returns (ADRS) discounts and matches anchor states: the
+    advantage part's own, so that shaping and advantage agree."""
+
+    gamma: float = 0.95  # discount of the step return
+    similarity_threshold: float | None = None  # None: anchors are identical observations
+
+
+class Advantage(Part):
+    """What the method asks of any advantage part."""
+
+    unit = "row"  # what an advantage is computed for: "row" | "anchor" (ADRS's level shapes it)
+
+    def advantages(self, rows: list[RowInput]) -> RowAdvantages:
+        raise NotImplementedError
+
+    def step_options(self) -> StepOptions:
+        """The discount and anchor matching a shaping signal uses (a row advantage has no anchor states)."""
+        return StepOptions()
+
+
 @part
-class Grpo(Part):
+class Grpo(Advantage):
     slot, kind = "advantage", "grpo"
-    unit = "row"  # what an advantage is computed for (ADRS's L2 shapes a row advantage)
 
     @dataclasses.dataclass
     class Options:
         mean_std_across_rows: bool = True  # statistics over all turn rows (verl-agent) or episodes
         norm_std: bool = True  # False = Dr.GRPO (no division by the std)
-
-        def validate(self, method: str) -> None:
-            check_types(self, method)
 
     def advantages(self, rows: list[RowInput]) -> RowAdvantages:
         return grpo_advantages(
@@ -37,13 +55,9 @@ class Grpo(Part):
             norm_std=self.opts.norm_std,
         )
 
-    def step_options(self) -> dict:
-        """The discount and anchor matching ADRS uses (a row advantage has no anchor states)."""
-        return {"gamma": 0.95, "similarity_threshold": None}
-
 
 @part
-class Gigpo(Part):
+class Gigpo(Advantage):
     slot, kind = "advantage", "gigpo"
     unit = "anchor"  # ADRS's L3 shapes an anchor-step advantage
 
@@ -56,7 +70,6 @@ class Gigpo(Part):
         similarity_threshold: float | None = None  # None = identical observations; e.g. 0.95 = fuzzy anchors
 
         def validate(self, method: str) -> None:
-            check_types(self, method)
             require(0.0 <= self.gamma <= 1.0, f"method={method}: method.gamma={self.gamma} must be in [0, 1]")
             require(self.step_weight >= 0.0, f"method={method}: method.step_weight={self.step_weight} must be >= 0")
             t = self.similarity_threshold
@@ -77,5 +90,5 @@ class Gigpo(Part):
             norm_std=o.norm_std,
         )
 
-    def step_options(self) -> dict:
-        return {"gamma": self.opts.gamma, "similarity_threshold": self.opts.similarity_threshold}
+    def step_options(self) -> StepOptions:
+        return StepOptions(gamma=self.opts.gamma, similarity_threshold=self.opts.similarity_threshold)

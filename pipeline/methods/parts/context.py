@@ -1,9 +1,13 @@
 """``context`` and ``student`` parts.
 
-``context``: which privileged context the teacher gets (``none``, or a provider kind of
-``pipeline.context.providers``: ``skills``, ``feedback``); its options are the provider's.
-``student``: ``plain`` prompts, or ``context`` = the student's own prompts carry the same context
-(``skill_grpo``, RetireOPD's phase 1).
+``context``: which privileged context the teacher gets, ``none`` or a provider kind of
+``pipeline.context.providers`` (``skills``, ``feedback``, ``hints``: each provider's module says
+what it gives); its options are the provider's.
+
+- ``none`` (context): no privileged context.
+- ``plain`` (student): the student's own prompts carry no privileged context.
+- ``context`` (student): the student's own prompts carry the same context as the teacher's
+  (``skill_grpo``, RetireOPD's phase 1).
 """
 
 from __future__ import annotations
@@ -12,21 +16,31 @@ from pipeline.context.providers import PROVIDERS, ContextProvider
 from pipeline.methods.parts.base import PARTS, Part, part
 
 
-@part
-class NoContext(Part):
-    slot, kind = "context", "none"
+class Context(Part):
+    """What the method asks of any context part: its provider (the default: none)."""
 
     def build_provider(self, *, env_name: str, seed: int, always_on: bool) -> ContextProvider | None:
+        """The provider (built by the method: ``always_on`` is the select part's)."""
         return None
 
 
+class Student(Part):
+    """What the method asks of any student part."""
+
+    carries_context = False  # the student's own prompts carry the privileged context too
+
+
+@part
+class NoContext(Context):
+    slot, kind = "context", "none"
+
+
 def _context_part(provider_cls: type[ContextProvider]) -> type[Part]:
-    class ContextPart(Part):
+    class ContextPart(Context):
         slot, kind = "context", provider_cls.kind
         Options = provider_cls.Options
 
         def build_provider(self, *, env_name: str, seed: int, always_on: bool) -> ContextProvider:
-            """The provider (built by the method: ``always_on`` is the select part's)."""
             return provider_cls(self.opts, env_name=env_name, seed=seed, always_on=always_on)
 
     ContextPart.__name__ = f"{provider_cls.kind.title()}Context"
@@ -44,12 +58,11 @@ sync_context_parts()
 
 
 @part
-class PlainStudent(Part):
+class PlainStudent(Student):
     slot, kind = "student", "plain"
-    carries_context = False
 
 
 @part
-class ContextStudent(Part):
+class ContextStudent(Student):
     slot, kind = "student", "context"
     carries_context = True

@@ -16,23 +16,30 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.core.types import Episode, EpisodeGroup, criterion_pass_rates
-from pipeline.methods.options import check_types, require
+from pipeline.methods.options import require
 from pipeline.methods.parts.base import Part, part
 
 
-@part
-class EnvReward(Part):
-    slot, kind = "reward", "env"
+class Reward(Part):
+    """What the method asks of any reward part."""
 
     def episode_reward(self, episode: Episode) -> float:
-        return episode.reward
+        raise NotImplementedError
 
     def metrics(self, groups: list[EpisodeGroup]) -> dict[str, float]:
         return {}
 
 
 @part
-class CriteriaReward(Part):
+class EnvReward(Reward):
+    slot, kind = "reward", "env"
+
+    def episode_reward(self, episode: Episode) -> float:
+        return episode.reward
+
+
+@part
+class CriteriaReward(Reward):
     slot, kind = "reward", "criteria"
 
     @dataclasses.dataclass
@@ -43,7 +50,6 @@ class CriteriaReward(Part):
         criterion_weights: dict[str, float] = dataclasses.field(default_factory=dict)  # per criterion, default 1
 
         def validate(self, method: str) -> None:
-            check_types(self, method)
             require(
                 self.success_weight >= 0.0 and self.criteria_weight >= 0.0,
                 f"method={method}: method.success_weight and method.criteria_weight must be >= 0",

@@ -21,7 +21,7 @@ import math
 
 from pipeline.algorithm.adrs import adrs_schedule
 from pipeline.algorithm.retirement import RetirementRule
-from pipeline.methods.options import check_types, require
+from pipeline.methods.options import require
 from pipeline.methods.parts.base import Part, part
 
 
@@ -77,7 +77,6 @@ class Window(Schedule):
         entropy_coef_idle: float = 0.001  # entropy bonus otherwise
 
         def validate(self, method: str) -> None:
-            check_types(self, method)
             require(self.warmup_steps >= 0, f"method={method}: method.warmup_steps={self.warmup_steps} must be >= 0")
             require(
                 self.active_steps is None or self.active_steps >= 1,
@@ -120,7 +119,6 @@ class Retirement(Schedule):
         window: int = 5  # W, steps per window; trainer.val_every must equal it
 
         def validate(self, method: str) -> None:
-            check_types(self, method)
             require(
                 math.isfinite(self.gamma) and self.gamma > 0.0,
                 f"method={method}: method.gamma={self.gamma} must be > 0 (paper range 0.80-0.96)",

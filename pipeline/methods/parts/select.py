@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.core.types import Episode, TurnRecord
-from pipeline.methods.options import check_types
 from pipeline.methods.parts.base import Part, part
 
 
@@ -43,9 +42,6 @@ class FailedTurns(Select):
     class Options:
         distill_thinking: bool = True  # also distill the <think> tokens of a failed turn
         always_on: bool = False  # ablation: distill every row of an episode with a failed criterion
-
-        def validate(self, method: str) -> None:
-            check_types(self, method)
 
     @property
     def always_on(self) -> bool:

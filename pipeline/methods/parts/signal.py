@@ -1,7 +1,7 @@
 """``signal`` parts: how the teacher's log-probs enter training.
 
 - ``none``: they do not (the advantages alone).
-- ``aux``: an auxiliary loss term ``lam * scale * L`` the learner adds (``pipeline.algorithm.losses``),
+- ``aux``: an auxiliary loss term ``lam * scale * L`` the learner adds (``pipeline.algorithm.aux_losses``),
   one ``AuxTerm(name=<prefix>)``:
 
   * ``estimator: sampled_surrogate``: ``token_mean(w * (lpT - lp))`` on the sampled tokens (SDAR);
@@ -42,11 +42,11 @@ import dataclasses
 import math
 
 from pipeline.algorithm.adrs import adrs_advantages
-from pipeline.core.types import AuxTerm
-from pipeline.methods.options import check_types, require
+from pipeline.algorithm.aux_losses import ESTIMATORS, LOSSES
+from pipeline.core.types import AuxTerm, TeacherNeeds
+from pipeline.methods.options import require
 from pipeline.methods.parts.base import Part, part
 
-ESTIMATORS = ("sampled_surrogate", "k3_is", "full_kl", "topk_rkl")  # each the kind of the aux loss it adds
 WEIGHTS = ("none", "gate")
 
 
@@ -56,6 +56,10 @@ class Signal(Part):
     needs_teacher = True  # False: a control, trained without a teacher
     learner_side = False  # True: the learner runs the teacher forward (no scorer)
     support_k = 0  # > 0: the scorer also scores the teacher on the student's top-k (topk_rkl)
+
+    def teacher_needs(self) -> TeacherNeeds:
+        """What this signal needs the scorer to compute beside the sampled tokens' log-probs."""
+        return TeacherNeeds(support_k=self.support_k, asked_by=f"signal {self.kind}")
 
     def coef(self) -> float:
         """The signal's strength (0: off, the teacher is never asked)."""
@@ -67,7 +71,7 @@ class Signal(Part):
     def check(self, advantage: Part, teacher: Part) -> None:
         """Raise when the method's other parts cannot carry this signal."""
         require(
-            not self.needs_teacher or teacher.source is not None,
+            not self.needs_teacher or teacher.present,
             f"method={self.setting.method}: signal {self.kind} needs a teacher (parts.teacher=self or frozen)",
         )
 
@@ -92,7 +96,6 @@ class AuxLoss(Signal):
         pg_coef: float = 1.0  # policy-loss coefficient (OPSD: 0 = the distillation term alone)
 
         def validate(self, method: str) -> None:
-            check_types(self, method)
             require(
                 self.estimator in ESTIMATORS,
                 f"method={method}: method.estimator={self.estimator!r}; choose one of {list(ESTIMATORS)}",
@@ -107,31 +110,35 @@ class AuxLoss(Signal):
             )
             require(self.pg_coef >= 0.0, f"method={method}: method.pg_coef={self.pg_coef} must be >= 0")
             require(
-                not (self.weight == "gate" and self.estimator in ("full_kl", "topk_rkl")),
-                f"method={method}: method.weight=gate is for the sampled estimators; {self.estimator} is not sampled",
+                not (self.weight == "gate" and not LOSSES[self.estimator].gated),
+                f"method={method}: method.weight=gate is for the gated estimators "
+                f"{[k for k in ESTIMATORS if LOSSES[k].gated]}; {self.estimator} takes no gate",
             )
             require(self.topk >= 1, f"method={method}: method.topk={self.topk} must be >= 1")
 
     @property
     def learner_side(self) -> bool:
-        return self.opts.estimator == "full_kl"
+        return LOSSES[self.opts.estimator].teacher_forward
 
     @property
     def support_k(self) -> int:
         """The size of the student's support the scorer must score the teacher on (topk_rkl), else 0."""
-        return self.opts.topk if self.opts.estimator == "topk_rkl" else 0
+        return self.opts.topk if LOSSES[self.opts.estimator].teacher_support else 0
 
     def coef(self) -> float:
         return self.opts.lam
 
+    def teacher_needs(self) -> TeacherNeeds:
+        return TeacherNeeds(support_k=self.support_k, asked_by=f"method.estimator={self.opts.estimator}")
+
     def check(self, advantage: Part, teacher: Part) -> None:
         require(
-            not self.support_k or teacher.source == "self",
+            not self.support_k or teacher.follows_policy,
             f"method={self.setting.method}: estimator topk_rkl takes the student's support from the "
             "teacher's weights on the plain prompt: it needs parts.teacher=self",
         )
         require(
-            not self.learner_side or teacher.source == "self",
+            not self.learner_side or teacher.follows_policy,
             f"method={self.setting.method}: estimator full_kl runs the teacher in the learner with "
             "the current weights: it needs parts.teacher=self",
         )
@@ -144,21 +151,22 @@ class AuxLoss(Signal):
             return  # off this step: no term, no teacher needed
         beta = float(o.beta) if o.weight == "gate" else None
         term = AuxTerm(name=self.setting.prefix, kind=o.estimator, coef=o.lam * job.scale, gate_beta=beta)
-        if o.estimator == "full_kl":
+        d = credit.distill
+        if self.learner_side:
             masks = job.token_masks()
             if not any(any(m) for m in masks):
                 return
-            credit.aux["distill_mask"] = masks
+            d.distill_mask = masks
             credit.teacher_prompt_ids = job.teacher_prompts()
         else:
             teacher, masks = job.teacher_logprobs()
             if masks is not None:
                 if not any(any(m) for m in masks):
                     return
-                credit.aux["distill_mask"] = masks
-            credit.aux["teacher_logprobs"] = teacher
-            if o.estimator == "topk_rkl":
-                credit.aux["topk_ids"], credit.aux["topk_teacher_logprobs"] = job.teacher_support(o.topk)
+                d.distill_mask = masks
+            d.teacher_logprobs = teacher
+            if self.support_k:
+                d.topk_ids, d.topk_teacher_logprobs = job.teacher_support(self.support_k)
         credit.aux_terms = [term]
 
 
@@ -173,7 +181,6 @@ class NullAdvantage(Signal):
         gap: float = 1.0  # the fixed per-token "teacher gap" it stands for (> 0: a negative advantage)
 
         def validate(self, method: str) -> None:
-            check_types(self, method)
             require(self.lam >= 0.0, f"method={method}: method.lam={self.lam} must be >= 0")
             require(math.isfinite(self.gap) and self.gap > 0.0, f"method={method}: method.gap={self.gap} must be > 0")
 
@@ -198,7 +205,6 @@ class Imitate(Signal):
         lam: float = 0.1  # coefficient of the per-token NLL of the demonstrations, >= 0
 
         def validate(self, method: str) -> None:
-            check_types(self, method)
             require(self.lam >= 0.0, f"method={method}: method.lam={self.lam} must be >= 0")
 
     def coef(self) -> float:
@@ -206,13 +212,13 @@ class Imitate(Signal):
 
     def apply(self, job) -> None:
         credit = job.credit
-        policy = credit.aux.get("policy_mask") or []  # the learner's rows: 1 = the policy's, 0 = demonstrations
+        policy = credit.distill.policy_mask or []  # the learner's rows: 1 = the policy's, 0 = demonstrations
         mask = [[1.0 - x for x in row] for row in policy]
         n_demo, n_all = sum(map(sum, mask)), sum(map(len, mask))
         credit.metrics[f"{self.setting.prefix}/demo_token_fraction"] = n_demo / max(n_all, 1)
         if job.scale <= 0.0 or n_demo == 0:
             return
-        credit.aux["distill_mask"] = mask
+        credit.distill.distill_mask = mask
         # the nll term is a token sum over the batch's tokens: rescaled, it is lam x the mean NLL
         # per demonstration token (exact at learner.mini_batches=1; per step otherwise)
         credit.aux_terms = [
@@ -242,7 +248,6 @@ class Shaping(Signal):
         eta: float = 0.02  # shaping coefficient while the schedule is on, >= 0
 
         def validate(self, method: str) -> None:
-            check_types(self, method)
             require(self.level in LEVELS, f"method={method}: method.level={self.level!r}; choose one of {list(LEVELS)}")
             require(
                 self.tva_apply in TVA_APPLY,
@@ -292,10 +297,11 @@ class Shaping(Signal):
             clip=o.clip,
             adaptive_clip=o.adaptive_clip,
             invalid_penalty=self.setting.invalid_action_penalty,
-            **job.step_options,
+            gamma=job.step_options.gamma,
+            similarity_threshold=job.step_options.similarity_threshold,
         )
         job.credit.advantages = [t.tolist() for t in per_token]
         job.credit.metrics.update(m)
 
 
-__all__ = ["ESTIMATORS", "Signal"]
+__all__ = ["Signal"]

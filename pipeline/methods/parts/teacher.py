@@ -18,7 +18,7 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.methods.options import check_types, require
+from pipeline.methods.options import require
 from pipeline.methods.parts.base import Part, part
 
 TEACHER_META = "teacher.json"  # next to the phase-1 teacher's HF weights
@@ -45,8 +45,9 @@ def read_teacher_success_rate(hf_dir: str | Path) -> float:
 class Teacher(Part):
     """What the method asks of any teacher part (the defaults are "no teacher")."""
 
-    source: str | None = None  # "self" | "frozen": whose weights the scorer loads; None = no teacher
-    path: str | None = None  # HF dir of a frozen teacher
+    present = False  # there is a teacher
+    follows_policy = False  # its weights are the policy's (synced like a rollout worker's, or the live engine's)
+    path: str | None = None  # HF dir of weights of its own (a frozen teacher); None: the policy
     success_rate: float | None = None  # SR_T, known for a frozen teacher
 
     @property
@@ -72,13 +73,13 @@ class NoTeacher(Teacher):
 @part
 class SelfTeacher(Teacher):
     slot, kind = "teacher", "self"
-    source = "self"
+    present = follows_policy = True
 
 
 @part
 class FrozenTeacher(Teacher):
     slot, kind = "teacher", "frozen"
-    source = "frozen"
+    present = True
 
     @dataclasses.dataclass
     class Options:
@@ -87,7 +88,6 @@ class FrozenTeacher(Teacher):
         phase1_steps: int = 150  # steps of phase 1 when teacher_path is None
 
         def validate(self, method: str) -> None:
-            check_types(self, method)
             sr = self.teacher_success_rate
             require(
                 sr is None or 0.0 <= sr <= 1.0,

@@ -1,7 +1,7 @@
 """Sync vs async pipeline benchmark: the same workload at max_policy_lag=0 and =1.
 
-    python scripts/bench/pipeline.py [--model tiny|smollm2_135m] [--env keyword|alfworld]
-                                     [--steps 6] [--warmup 1] [--out DIR] [extra hydra overrides...]
+    python scripts/bench/sync_async.py [--model tiny|smollm2_135m] [--env keyword|alfworld]
+                                       [--steps 6] [--warmup 1] [--out DIR] [extra hydra overrides...]
 
 Prints one JSON object: per mode, mean seconds per step, rollout seconds per step (the groups'
 generation time), learner seconds per step, rollout and learner tokens/s; and the ratios
@@ -14,18 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
-import sys
 import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from pipeline.orchestration.run import run_training  # noqa: E402
-from pipeline.tools.cli import compose  # noqa: E402
-from pipeline.tools.results import git_commit, write_benchmark  # noqa: E402
+from lab.bench import Bench, add_out
+from pipeline.orchestration.run import run_training
+from pipeline.tools.cli import compose
 
 
 def summarise(history: list[dict], warmup: int, groups_per_step: int, workers: int) -> dict:
@@ -71,10 +65,9 @@ def main() -> None:
     ap.add_argument("--env", default="keyword")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--out", help="a result folder (results.json, table.md, meta.json, command.txt)")
+    add_out(ap)
     args, extra = ap.parse_known_args()
-    command = shlex.join([sys.executable, *sys.argv])
-    git = git_commit(ROOT)  # the code the runs use, read before they start
+    bench = Bench.start(args.out)  # the code the runs use, read before they start
     base = [
         f"model={args.model}",
         f"env={args.env}",
@@ -84,7 +77,7 @@ def main() -> None:
         "logger.progress=false",
         *extra,
     ]
-    out = {"command": command, "model": args.model, "env": args.env, "steps": args.steps, "overrides": extra}
+    out = {"command": bench.command, "model": args.model, "env": args.env, "steps": args.steps, "overrides": extra}
     for lag in (0, 1):
         cfg = compose(base + [f"trainer.max_policy_lag={lag}"])
         with tempfile.TemporaryDirectory() as d:
@@ -94,9 +87,7 @@ def main() -> None:
     out["async_over_sync"] = a["step_s"] / s["step_s"]
     out["async_over_bound"] = a["step_s"] / max(a["rollout_s_per_step"], a["learner_s_per_step"])
     print(json.dumps(out, indent=1))
-    if args.out:
-        write_benchmark(Path(args.out), ROOT, out, table(out), git, base)
-        print(f"wrote {args.out}/results.json, table.md, meta.json, command.txt", file=sys.stderr)
+    bench.store(out, table(out), base)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Validation: held-out tasks at each validation temperature, and with a teacher's context.
 
-A mixin of ``Controller`` (``pipeline/orchestration/controller.py``): it reads the controller's
-``cfg``, ``state``, ``method``, ``workers``, ``events``, ``outcomes`` and ``_published``, and
-revives a worker that died mid-episode (``Supervision._revive``).
+``validate(step)`` plays ``env.val_split`` (logged as ``val/...``) and tells the method (a
+method's windows, RetireOPD's, close on validations after training steps); ``final(step)`` plays
+each of ``trainer.final_val_splits`` once (``final/<split>/...``), the test read at the end.
 """
 
 from __future__ import annotations
@@ -11,13 +11,19 @@ import asyncio
 import sys
 import time
 
-from actors.handles import ActorDied
+from pipeline.core.config import PrivyConfig
+from pipeline.core.errors import ActorDied
 from pipeline.core.types import EpisodeGroup
+from pipeline.orchestration.logging import EventLog, OutcomeLog
+from pipeline.orchestration.pool import WorkerPool
 from pipeline.orchestration.step_metrics import rollout_metrics
 
 
-class Validation:
-    async def _validate(self, step: int, notify_method: bool = True, split: str | None = None) -> dict[str, float]:
+class Validator:
+    def __init__(self, cfg: PrivyConfig, pool: WorkerPool, method, *, events: EventLog, outcomes: OutcomeLog):
+        self.cfg, self.pool, self.method, self.events, self.outcomes = cfg, pool, method, events, outcomes
+
+    async def validate(self, step: int, notify_method: bool = True, split: str | None = None) -> dict[str, float]:
         """Held-out tasks at each validation temperature (0 = greedy), one episode per task, from
         ``env.val_split`` (logged as val/...) or ``split`` (a final split: final/<split>/...).
 
@@ -29,13 +35,18 @@ class Validation:
         t0 = time.time()
         pre = f"final/{split}" if split else "val"
         split = split or cfg.env.val_split
+        penalty = self.method.invalid_action_penalty
+        temps = len(cfg.rollout.val_temperatures)
+        # a line ending "..." opens a phase: the console says it is still going (pipeline/tools/cli.py)
+        print(f"privy-rl: {pre} at step {step}: {cfg.trainer.val_tasks} tasks of {split} x {temps} temperatures...",
+              file=sys.stderr, flush=True)  # fmt: skip
         out: dict[str, float] = {}
         first: list[EpisodeGroup] = []
         for temp in cfg.rollout.val_temperatures:
-            groups = await self._play_validation(temp, [self.method.student_view()] * cfg.trainer.val_tasks, split)
+            groups = await self._play(temp, [self.method.student_view()] * cfg.trainer.val_tasks, split)
             tag = "greedy" if temp == 0 else f"t{temp:g}"
             self.outcomes.write(pre, step, tag, [g.episodes[0] for g in groups])
-            m = rollout_metrics(groups, self.method.invalid_action_penalty)
+            m = rollout_metrics(groups, penalty)
             out.update({k.replace("rollout/", f"{pre}/{tag}/", 1): v for k, v in m.items()})
             if temp == cfg.rollout.val_temperatures[0]:
                 out[f"{pre}/success"] = m["rollout/success"]
@@ -43,9 +54,9 @@ class Validation:
         privileged = None
         views = [self.method.privileged_view(g.episodes[0]) for g in first]
         if any(v is not None for v in views):
-            groups = await self._play_validation(cfg.rollout.val_temperatures[0], views, split, keep=first)
+            groups = await self._play(cfg.rollout.val_temperatures[0], views, split, keep=first)
             self.outcomes.write(f"{pre}/privileged", step, tag0, [g.episodes[0] for g in groups])
-            privileged = rollout_metrics(groups, self.method.invalid_action_penalty)["rollout/success"]
+            privileged = rollout_metrics(groups, penalty)["rollout/success"]
             out[f"{pre}/privileged_success"] = privileged
             gap = out[f"{pre}/privilege_gap"] = privileged - out[f"{pre}/success"]
             if gap <= 0:
@@ -55,39 +66,40 @@ class Validation:
                     file=sys.stderr,
                     flush=True,
                 )
-        if notify_method:  # a method's windows (RetireOPD) count validations after training steps only
+        if notify_method:
             out.update(self.method.on_validation(step, out.get("val/success", 0.0), privileged))
         out[f"time/{pre}_s"] = time.time() - t0
+        print(f"privy-rl: {pre} at step {step}: success {out[f'{pre}/success']:.3f} in {out[f'time/{pre}_s']:.0f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
         return out
 
-    async def _final_validation(self, step: int) -> dict[str, float]:
+    async def final(self, step: int) -> dict[str, float]:
         out: dict[str, float] = {}
         for split in self.cfg.trainer.final_val_splits:
-            out.update(await self._validate(step, notify_method=False, split=split))
+            out.update(await self.validate(step, notify_method=False, split=split))
         return out
 
-    async def _play_validation(
-        self, temperature: float, views: list, split: str, keep: list | None = None
-    ) -> list[EpisodeGroup]:
+    async def _play(self, temperature: float, views: list, split: str, keep: list | None = None) -> list[EpisodeGroup]:
         """One episode per validation task of ``split``; a task whose view is None keeps ``keep``'s
         episode (it has no privileged context: its privileged outcome is its plain one)."""
+        pool = self.pool
 
         async def one(i: int, view):
             if view is None and keep is not None:
                 return keep[i]
             while True:  # a worker that dies mid-episode plays it again once restarted
                 try:
-                    return await self._worker_for(i).run_group(
+                    return await pool.worker_for(i).run_group(
                         task_seed=i,
                         split=split,
                         group_size=1,
                         temperature=temperature,
                         sample_seed=10_000 + i,
                         view=view,
-                        min_version=self._published,
+                        min_version=pool.published,
                     )
                 except ActorDied as e:
-                    self.events.record("replay", step=self.state.step, task=f"val{i}", actor=e.handle.name)
-                    await self._worker_lost(e)
+                    self.events.record("replay", step=pool.counters.step, task=f"val{i}", actor=e.handle.name)
+                    await pool.lost(e)
 
         return list(await asyncio.gather(*[one(i, v) for i, v in enumerate(views)]))

@@ -1,0 +1,168 @@
+"""``make train``'s recipe for a few steps on this tree and on an older commit, side by side.
+
+    python scripts/bench/step_cost.py [--base 153028b] [--steps 4] [--warmup 1] [--out DIR] [overrides...]
+
+Each tree runs ``scripts/train.py +experiment=search_qa_warm_start`` (the same cached clone, seed
+and task stream) for ``--steps`` training steps with no validation and no checkpoint, alone, one
+tree after the other, the current one first. The older commit runs from a git worktree of its
+own with a venv of its own, built by that commit's own ``make setup`` (minutes the first time,
+then reused from ``.cache/privy-rl/bench_trees/``). A sampler reads the resident size of each
+run's learner process twice a second. Per tree: seconds per step, the learner's seconds per step
+(``time/train_s``), the rollout wait, tokens forwarded by the learner and its peak resident size;
+then current / base. Steps before ``--warmup`` are left out of the means. Run it alone: other load
+on the 2 cores changes every time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from lab.bench import ROOT, Bench, add_out
+
+RECIPE = ["+experiment=search_qa_warm_start"]
+QUIET = [
+    "trainer.val_every=0",
+    "trainer.val_at_start=false",
+    "trainer.final_val_splits=[]",
+    "trainer.ckpt_every=0",
+    "logger.progress=false",
+]
+
+
+class LearnerPeak(threading.Thread):
+    """The largest resident size of any ``ray::LearnerActor`` process under ``pid``."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        root = psutil.Process(self.pid)
+        while not self.stop.wait(0.5):
+            try:
+                children = root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            for p in children:
+                try:
+                    if " ".join(p.cmdline()).startswith("ray::LearnerActor"):
+                        self.peak = max(self.peak, p.memory_info().rss)
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+
+
+def base_tree(commit: str) -> tuple[Path, Path]:
+    """A worktree of ``commit`` and its own venv's python, built once and kept."""
+    sha = subprocess.run(["git", "rev-parse", commit], cwd=ROOT, capture_output=True, text=True, check=True)
+    sha = sha.stdout.strip()
+    tree = ROOT / ".cache" / "privy-rl" / "bench_trees" / sha[:12]
+    if not (tree / ".git").exists():
+        tree.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=ROOT, check=True)
+    if not (tree / ".venv" / ".installed").exists():
+        subprocess.run(["make", "-C", str(tree), "setup"], check=True)
+    return tree, tree / ".venv" / "bin" / "python"
+
+
+def run_tree(name: str, tree: Path, python: Path, steps: int, overrides: list[str], work: Path) -> dict:
+    run_dir = work / name
+    cmd = [str(python), "scripts/train.py", *RECIPE, *QUIET, f"trainer.total_steps={steps}"]
+    cmd += [f"trainer.run_dir={run_dir}", *overrides]
+    env = {**os.environ, "PRIVY_CACHE": str(ROOT / ".cache" / "privy-rl")}  # one model and one clone for both
+    print(f"step_cost: {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, cwd=tree, env=env)
+    peak = LearnerPeak(proc.pid)
+    peak.start()
+    rc = proc.wait()
+    peak.stop.set()
+    peak.join()
+    if rc != 0:
+        raise SystemExit(f"step_cost: {name} exited {rc}")
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return {
+        "rows": [r for r in rows if r.get("step", 0) >= 1],
+        "learner_peak_gb": peak.peak / 1e9,
+        "wall_s": time.time() - t0,
+    }
+
+
+def summarise(run: dict, warmup: int) -> dict:
+    rows = [r for r in run["rows"] if r["step"] > warmup] or run["rows"]
+
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in rows if key in r]
+        return statistics.fmean(vals) if vals else None
+
+    return {
+        "steps_timed": len(rows),
+        "step_s": mean("time/step_s"),
+        "learner_s": mean("time/train_s"),
+        "wait_rollout_s": mean("time/wait_rollout_s"),
+        "learner_tokens_per_s": mean("learner/tokens_per_s"),
+        "forwarded_tokens": mean("learner/forwarded_tokens"),
+        "padding_tokens": mean("learner/padding_tokens"),
+        "learner_peak_gb": run["learner_peak_gb"],
+        "wall_s": run["wall_s"],
+    }
+
+
+COLUMNS = ("step_s", "learner_s", "wait_rollout_s", "learner_peak_gb")
+
+
+def step_table(report: dict) -> list[dict]:
+    """Both trees' means (seconds to 0.1, GB to 0.01) and current / base (to 0.01)."""
+
+    def r(x, digits):
+        return None if x is None else round(x, digits)
+
+    table = [
+        {"tree": k, **{m: r(report[k][m], 2 if m.endswith("gb") else 1) for m in COLUMNS}} for k in ("base", "current")
+    ]
+    table.append({"tree": "current / base", **{m: r(report["current_over_base"][m], 2) for m in COLUMNS}})
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", default="153028b", help="the older commit (a git ref)")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=1, help="steps left out of the means")
+    add_out(ap)
+    args, overrides = ap.parse_known_args()
+    bench = Bench.start(args.out)
+    tree, python = base_tree(args.base)
+    with tempfile.TemporaryDirectory(prefix="step_cost.") as tmp:
+        current = run_tree("current", ROOT, Path(sys.executable), args.steps, overrides, Path(tmp))
+        base = run_tree("base", tree, python, args.steps, overrides, Path(tmp))
+    report = {
+        "command": bench.command,
+        "base": {"commit": args.base, **summarise(base, args.warmup)},
+        "current": {"commit": bench.git["commit"], **summarise(current, args.warmup)},
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "overrides": overrides,
+    }
+    ratios = {}
+    for key in ("step_s", "learner_s", "wait_rollout_s", "learner_peak_gb"):
+        b, c = report["base"][key], report["current"][key]
+        ratios[key] = c / b if b and c is not None else None
+    report["current_over_base"] = ratios
+    print(json.dumps(report, indent=1))
+    table = step_table(report)
+    bench.store(report, table, [*RECIPE, *QUIET, f"trainer.total_steps={args.steps}", *overrides])
+
+
+if __name__ == "__main__":
+    main()
