@@ -184,6 +184,7 @@ def _check_trainer(cfg: PrivyConfig) -> None:
         "trainer.max_policy_lag > 0 needs learner.correction=decoupled or tis",
     )
     _require(t.val_every >= 0, f"trainer.val_every={t.val_every} must be >= 0 (0 = never)")
+    _require(t.privileged_val in ("every", "ends"), f"trainer.privileged_val={t.privileged_val!r}: use every or ends")
     _require(t.ckpt_every >= 0, f"trainer.ckpt_every={t.ckpt_every} must be >= 0 (0 = only the final checkpoint)")
     _require(t.keep_checkpoints >= 1, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 1")
     _require(

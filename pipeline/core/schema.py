@@ -160,6 +160,13 @@ class TrainerConfig:
     val_every: int = 10  # 0 = never
     val_tasks: int = 8  # held-out tasks per validation
     val_at_start: bool = False  # validate once before the first step too (logged as step 0)
+    # When a method with a teacher plays the validation tasks once more with its privileged context
+    # (val/privilege_gap): "every" validation and final split, or "ends": the validations at step 0
+    # and at the last step only, never the final splits. A privileged play costs a plain one or
+    # more (longer prompts: with Search-QA's skills, SDAR's step-0 validation took over 3.5x
+    # GRPO's). A method whose schedule reads SR_T at every validation (a retirement rule whose
+    # teacher learns) gets it at every validation either way.
+    privileged_val: str = "every"
     # Splits validated once more after the last step, beside env.val_split, logged as
     # final/<split>/... (ALFWorld: [valid_unseen], floor plans never trained or validated on).
     final_val_splits: list[str] = field(default_factory=list)

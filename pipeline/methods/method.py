@@ -349,6 +349,13 @@ class Method:
         sr_t = self.teacher.success_rate
         return self.schedule.on_validation(step, success_rate, sr_t if sr_t is not None else privileged_success)
 
+    @property
+    def needs_privileged_success(self) -> bool:
+        """Whether the next validation must measure the policy's success with the privileged
+        context: a retirement rule still on whose teacher learns with the student (no recorded
+        SR_T), so SR_T is that success, measured anew at each window end."""
+        return self.schedule.rule is not None and not self.schedule.retired and self.teacher.success_rate is None
+
     # retirement state, for tests and diagnostics
     @property
     def retirement(self):

@@ -257,7 +257,7 @@ class Controller:
             hurry = self._stop.deadline is not None  # a validation could outlast the grace
             try:
                 if t.val_every and (step % t.val_every == 0 or last) and not halt and not hurry:
-                    metrics.update(await v.validate(step))
+                    metrics.update(await v.validate(step, last=last))
                 if last and not halt:
                     if hurry:
                         self.final_skipped = True

@@ -23,14 +23,17 @@ class Validator:
     def __init__(self, cfg: PrivyConfig, pool: WorkerPool, method, *, events: EventLog, outcomes: OutcomeLog):
         self.cfg, self.pool, self.method, self.events, self.outcomes = cfg, pool, method, events, outcomes
 
-    async def validate(self, step: int, notify_method: bool = True, split: str | None = None) -> dict[str, float]:
+    async def validate(
+        self, step: int, notify_method: bool = True, split: str | None = None, last: bool = False
+    ) -> dict[str, float]:
         """Held-out tasks at each validation temperature (0 = greedy), one episode per task, from
         ``env.val_split`` (logged as val/...) or ``split`` (a final split: final/<split>/...).
 
         For a method with a teacher, the first temperature's tasks are played once more with the
         teacher's privileged context in the student's own prompt (feedback: that of the first
         attempt's failed criteria): ``val/privileged_success`` and ``val/privilege_gap``, the
-        teacher's headroom over the student (RetireOPD's SR_T when the teacher learns too)."""
+        teacher's headroom over the student (RetireOPD's SR_T when the teacher learns too); with
+        ``trainer.privileged_val=ends`` only at step 0 and at the ``last`` step (see ``_privileged``)."""
         cfg = self.cfg
         t0 = time.time()
         pre = f"final/{split}" if split else "val"
@@ -52,7 +55,7 @@ class Validator:
                 out[f"{pre}/success"] = m["rollout/success"]
                 first, tag0 = groups, tag
         privileged = None
-        views = [self.method.privileged_view(g.episodes[0]) for g in first]
+        views = [self.method.privileged_view(g.episodes[0]) for g in first] if self._privileged(step, pre, last) else []
         if any(v is not None for v in views):
             groups = await self._play(cfg.rollout.val_temperatures[0], views, split, keep=first)
             self.outcomes.write(f"{pre}/privileged", step, tag0, [g.episodes[0] for g in groups])
@@ -72,6 +75,14 @@ class Validator:
         print(f"privy-rl: {pre} at step {step}: success {out[f'{pre}/success']:.3f} in {out[f'time/{pre}_s']:.0f} s",
               file=sys.stderr, flush=True)  # fmt: skip
         return out
+
+    def _privileged(self, step: int, pre: str, last: bool) -> bool:
+        """Whether this validation replays its tasks with the teacher's context. Under "ends", the
+        gap at the start and at the end of the run (what a method changed of it) costs two replays
+        instead of one per validation; SR_T for a retirement rule is never skipped."""
+        if self.cfg.trainer.privileged_val == "every":
+            return True
+        return pre == "val" and (step == 0 or last or self.method.needs_privileged_success)
 
     async def final(self, step: int) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -158,7 +158,8 @@ PRESETS = {
     #   not it: it shows the gold answer, which no teacher here is told.
     # Checkpoints every 4 steps and trainer.resume=auto: a point cut short continues from its last
     # checkpoint on a rerun (finished points are skipped). Run one point at a time on 2 cores (two
-    # SmolLM2 points do not fit in 24 GB): about 45 min a point, 90 for retire_opd's two phases.
+    # SmolLM2 points do not fit in 24 GB): GRPO's seed 0 took 37 min; a teacher point more (its
+    # scorer's forwards, the privileged replays at steps 0 and 16), retire_opd two phases.
     "search_qa_methods": {
         "methods": ["grpo", "sdar", "targeted_guidance", "retire_opd", "adrs", "null_baseline", "skill_grpo"],
         "start": True,
@@ -167,6 +168,9 @@ PRESETS = {
             "trainer.ckpt_every=4",
             "trainer.resume=auto",
             "logger.progress=false",
+            # the privilege gap at steps 0 and 16 (a teacher's replay of valid took over 3.5x the
+            # plain play: at every validation a teacher point would not fit a session)
+            "trainer.privileged_val=ends",
         ],
         "method_overrides": {
             "retire_opd": ["method.phase1_steps=16", "method.window=4"],

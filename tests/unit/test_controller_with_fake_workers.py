@@ -896,3 +896,47 @@ def test_fake_a_worker_lost_for_good_during_a_validation_keeps_the_trained_step_
     ckpt = resolve_checkpoint(tmp_path / "run")
     assert ckpt.name == "step_000002" and (tmp_path / "saved").read_text() == "2"
     assert load_state(ckpt)["controller"]["step"] == 2
+
+
+def test_fake_privileged_val_ends_replays_with_the_teachers_context_at_step_0_and_the_last_step_only():
+    # trainer.privileged_val=ends: the privilege gap at the start and the end of the run, never on
+    # the final splits; the plain validations are the same as with "every".
+    method = build_method({"name": "sdar_hints"}, invalid_action_penalty=0.1, env_name="keyword")
+    cfg = make_cfg(lag=0, steps=3)
+    cfg.trainer.val_every, cfg.trainer.val_tasks, cfg.trainer.val_at_start = 1, 2, True
+    cfg.trainer.final_val_splits = ["test"]
+    cfg.rollout.val_temperatures = [0.0]
+    cfg.trainer.privileged_val = "ends"
+    worker = ViewWorker()
+    ctl = Controller(
+        cfg, learner=FakeLearner(0.0), workers=[worker], method=method, logger=MetricsLogger([]),
+        scorer=BehaviourScorer(method),
+    )  # fmt: skip
+    history = asyncio.run(asyncio.wait_for(ctl.run(), timeout=30))
+    held_out = [c for c in worker.calls if c[0] != "train"]
+    assert len([c for c in held_out if c[1] is None]) == 2 * (4 + 1)  # steps 0-3 and the test split
+    privileged = [c for c in held_out if c[1] is not None]
+    assert len(privileged) == 2 * 2 and {c[0] for c in privileged} == {cfg.env.val_split}
+    assert ["val/privilege_gap" in h for h in history] == [False, False, True]  # step 0 is not in history
+    assert not any(k.startswith("final/test/privilege") for h in history for k in h)
+
+
+def test_a_learning_teacher_under_a_retirement_rule_gets_its_sr_t_at_every_validation_under_ends():
+    from types import SimpleNamespace
+
+    from pipeline.orchestration.validator import Validator
+
+    # retiring_targeted_guidance's teacher is the policy itself: SR_T is its success with the
+    # feedback, measured at each window end, so "ends" cannot skip it; a frozen or absent SR_T
+    # need (SDAR, GRPO) can.
+    needs = {n: build_method({"name": n}, invalid_action_penalty=0.1).needs_privileged_success for n in
+             ("retiring_targeted_guidance", "sdar", "grpo")}  # fmt: skip
+    assert needs == {"retiring_targeted_guidance": True, "sdar": False, "grpo": False}
+    cfg = make_cfg(lag=0)
+    for mode, need, expected in [("every", False, [True] * 4), ("ends", False, [True, False, True, False]),
+                                 ("ends", True, [True, True, True, False])]:  # fmt: skip
+        cfg.trainer.privileged_val = mode
+        v = Validator(cfg, None, SimpleNamespace(needs_privileged_success=need), events=None, outcomes=None)
+        got = [v._privileged(0, "val", False), v._privileged(2, "val", False), v._privileged(4, "val", True),
+               v._privileged(4, "final/test", False)]  # fmt: skip
+        assert got == (expected if mode == "ends" else [True] * 4), (mode, need)
