@@ -133,6 +133,7 @@ def test_a_hung_rollout_worker_and_a_hung_scorer_are_killed_restarted_and_their_
     assert [e["actor"] for e in events if e["event"] == "replay"] == ["rollout worker 0"], events
 
 
+@pytest.mark.extended  # `make test` keeps test_sync_receiver's killed receiver on the collective route
 def test_with_the_collective_weight_sync_a_dead_worker_rejoins_a_new_weight_group(tmp_path):
     """A torch.distributed group cannot take a restarted process back: the controller forms a new
     group with the new process in it (learner rank 0 and every consumer), broadcasts the current

@@ -89,7 +89,10 @@ def _clones(pid: int) -> list[psutil.Process]:
     return [p for p in kids if "multiprocessing" in " ".join(p.cmdline())]
 
 
-@pytest.mark.parametrize("stage, signame", [("warm start", "SIGTERM"), ("actors", "SIGTERM")])
+# the warm-start stage in `make test-extended` (CI runs both): `make test` keeps the actors' stage
+@pytest.mark.parametrize(
+    "stage, signame", [pytest.param("warm start", "SIGTERM", marks=pytest.mark.extended), ("actors", "SIGTERM")]
+)
 def test_a_signal_before_training_ends_the_start_up_cleanly_and_the_next_start_goes_on(tmp_path, stage, signame):
     clones = tmp_path / "clones"
     args = [*TINY, "trainer.total_steps=1", f"trainer.run_dir={tmp_path / 'run'}"]

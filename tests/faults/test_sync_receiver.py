@@ -79,6 +79,7 @@ def test_a_receiver_killed_mid_broadcast_rejoins_and_the_broadcast_is_repeated(t
     assert kinds.index("sync_retry") < kinds.index("restart") < kinds.index("weight_group_reformed"), events
 
 
+@pytest.mark.extended  # `make test` keeps the killed receiver; CI runs this one too
 def test_a_receiver_stalled_mid_broadcast_stops_the_run_with_a_checkpoint_never_a_hang(tmp_path):
     from pipeline.orchestration.checkpoint import resolve_checkpoint
 
