@@ -76,11 +76,16 @@ def _steps(run_dir: Path) -> list[dict]:
 
 
 def _lose_node_and_finish(cluster, proc, node, cls: str, run_dir: Path) -> tuple[list[dict], list[dict]]:
-    """After step 2 a spare node joins and ``node`` is killed (its raylet and every process of it,
+    """A spare node joins, and after step 2 ``node`` is killed (its raylet and every process of it,
     SIGKILL): the actor of class ``cls`` on it must be placed again on the spare, and the run must
-    train every step. Returns its metrics rows and events."""
-    _wait(lambda: len(_steps(run_dir)) >= 2, "step 2", proc)
+    train every step. Returns its metrics rows and events.
+
+    The spare joins before step 2, not after: starting a node takes seconds on 2 cores, and the
+    tiny run once trained its last 6 steps in that time, so the node was lost after the run ended
+    (every actor that needs a CPU is placed already, so nothing else can take the spare)."""
     spare = cluster.add_node(**NODE)  # room for the actor once its node is gone
+    _wait(lambda: len(_steps(run_dir)) >= 2, "step 2", proc)
+    assert len(_steps(run_dir)) < STEPS - 2, "the run was nearly over before its node could be lost"
     cluster.remove_node(node, allow_graceful=False)
     _wait(lambda: _actor_on(spare, cls), f"{cls} placed again on the spare node", proc)
     _, err = proc.communicate(timeout=600)
