@@ -94,7 +94,7 @@ lint: $(DEV_STAMP)
 test-main: $(DEV_STAMP) models
 	$(BIN)/python -m pytest -q -m "not extended" --ignore=tests/vllm_engine $(PYTEST_ARGS)
 
-# The long runs and multi-node cluster faults (`extended` marker, 20.5 min at 59e0ee4): CI runs them after
+# The long runs and multi-node cluster faults (`extended` marker, 19.1 min at 7a03f49, then 3 more): CI runs them after
 # `make test`; left out of it so that `make test` stays under 45 minutes on 2 cores.
 test-extended: $(DEV_STAMP) models
 	$(BIN)/python -m pytest -q -m extended --ignore=tests/vllm_engine $(PYTEST_ARGS)
