@@ -68,15 +68,11 @@ class TeacherScorerWorker(WeightGroupMember):
             # A privileged prompt is longer than the student's by its context: by default the
             # engine takes what the model does (capped: the KV cache must hold one sequence).
             positions = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings", 4096)
-            self.engine = VLLMEngine(
-                model_path,
-                dtype=self.precision.dtype,
-                max_model_len=v.max_model_len or min(int(positions), 8192),
-                gpu_memory_utilization=v.gpu_memory_utilization,
-                enforce_eager=v.enforce_eager,
-                in_process=True,
-                kv_cache_gb=v.kv_cache_gb,
-                chat_template=chat_template,
+            length = v.max_model_len or min(int(positions), 8192)
+            # One in-process engine that never sleeps, whatever the rollout's engines do.
+            single = {"in_process": True, "tensor_parallel_size": 1, "enable_sleep_mode": False}
+            self.engine = VLLMEngine.from_options(
+                model_path, v, dtype=self.precision.dtype, max_model_len=length, chat_template=chat_template, **single
             )
             self.model = None
         else:

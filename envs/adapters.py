@@ -294,8 +294,6 @@ class FromGymnasium(TextEnv):
             env_id_or_env = _gym.make(env_id_or_env, **dict(env_kwargs or {}))
         self.gym_env = env_id_or_env
         self.max_turns = max_turns
-        self._task_text = ""
-        self._task_id = ""
         self._turn = 0
         self._done = False
 
@@ -310,9 +308,9 @@ class FromGymnasium(TextEnv):
 
     def reset(self, seed: int) -> Observation:
         obs, info = self.gym_env.reset(seed=int(seed))
-        self._task_text = str(info.get("task", obs))
+        self.task_text = str(info.get("task", obs))
         spec = getattr(self.gym_env, "spec", None)
-        self._task_id = str(info.get("task_id", f"{getattr(spec, 'id', type(self.gym_env).__name__)}-{seed}"))
+        self.task_id = str(info.get("task_id", f"{getattr(spec, 'id', type(self.gym_env).__name__)}-{seed}"))
         self._turn, self._done = 0, False
         return Observation(text=str(obs), admissible_actions=list(info.get("admissible_actions", [])))
 
@@ -335,18 +333,10 @@ class FromGymnasium(TextEnv):
             info={"terminated": bool(terminated), "truncated": bool(truncated), "turn": self._turn},
         )
 
-    @property
-    def task_text(self) -> str:
-        return self._task_text
-
-    @property
-    def task_id(self) -> str:
-        return self._task_id
-
     def build_messages(
         self, history: list[tuple[str, str]], observation: Observation, history_length: int
     ) -> list[Message]:
-        parts = [self._task_text] if self._task_text and self._task_text != observation.text else []
+        parts = [self.task_text] if self.task_text and self.task_text != observation.text else []
         recent = history[-history_length:] if history_length > 0 else []
         if recent:
             parts.append("Recent turns:\n" + "\n".join(f"[Observation] {o}\n[Action] {a}" for o, a in recent))

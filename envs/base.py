@@ -52,6 +52,11 @@ class TextEnv(abc.ABC):
     invalid_action_penalty: float = 0.1
     success_reward: float = 1.0  # episode reward = success_reward * won (+ env step rewards)
 
+    # The task of the episode: ``reset`` sets them (a class default stands where an env has none).
+    task_text: str = ""  # the task instruction shown to the agent
+    task_type: str = ""  # the task's family, e.g. an ALFWorld task type (keys skills and per-type metrics)
+    task_id: str = ""  # the same string always names the same task
+
     @classmethod
     @abc.abstractmethod
     def from_options(cls, options: dict, split: str) -> "TextEnv":
@@ -63,24 +68,12 @@ class TextEnv(abc.ABC):
 
     @abc.abstractmethod
     def reset(self, seed: int) -> Observation:
-        """Start the episode of the task chosen by ``seed``."""
+        """Start the episode of the task chosen by ``seed``; set ``task_text`` (and ``task_type``,
+        ``task_id`` where the env has them)."""
 
     @abc.abstractmethod
     def step(self, response: str) -> StepResult:
         """Apply the model's raw response; malformed input is an invalid action."""
-
-    @property
-    @abc.abstractmethod
-    def task_text(self) -> str:
-        """The task instruction shown to the agent (valid after reset)."""
-
-    @property
-    def task_type(self) -> str:
-        return ""
-
-    @property
-    def task_id(self) -> str:
-        return ""
 
     @abc.abstractmethod
     def build_messages(

@@ -102,12 +102,13 @@ class KeywordEnv(TextEnv):
     max_turns = 1
     invalid_action_penalty = 0.0  # the rubric already scores malformed replies
     success_reward = 1.0
+    task_type = "keyword"
 
     def __init__(self, opts: KeywordOptions, split: str):
         split_words(split)  # an unknown split fails here, naming the splits
         self.opts = opts
         self.split = split
-        self._word = ""
+        self._ask("")
         self._seed = 0
 
     @classmethod
@@ -122,21 +123,14 @@ class KeywordEnv(TextEnv):
 
     def reset(self, seed: int) -> Observation:
         self._seed = seed
-        self._word = split_words(self.split)[seed % self.opts.n_tasks_for(self.split)]
+        self._ask(split_words(self.split)[seed % self.opts.n_tasks_for(self.split)])
         return Observation(text=self.task_text)
 
-    @property
-    def task_text(self) -> str:
-        hint = f", written as <answer>{self._word}</answer>" if self.opts.hint_format else ""
-        return f'Reply with the word "{self._word}" and nothing else{hint}.'
-
-    @property
-    def task_type(self) -> str:
-        return "keyword"
-
-    @property
-    def task_id(self) -> str:
-        return f"keyword-{self.split}-{self._word}"
+    def _ask(self, word: str) -> None:
+        self._word = word
+        hint = f", written as <answer>{word}</answer>" if self.opts.hint_format else ""
+        self.task_text = f'Reply with the word "{word}" and nothing else{hint}.'
+        self.task_id = f"keyword-{self.split}-{word}"
 
     def expert_response(self) -> str:
         """The answer block alone: all three criteria (the warm start clones it; with

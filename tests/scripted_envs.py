@@ -31,6 +31,7 @@ class ScriptedSteps(TextEnv):
 
     def reset(self, seed):
         self.seed = seed
+        self.task_text = f"Task {seed}"
         return Observation(text=f"Task {seed}: say anything.")
 
     def privileged_hint(self):
@@ -46,10 +47,6 @@ class ScriptedSteps(TextEnv):
             action=response.strip()[:20],
             action_valid=True,
         )
-
-    @property
-    def task_text(self):
-        return f"Task {self.seed}"
 
     def build_messages(self, history, observation, history_length):
         msgs = [Message(role="user", content=f"Task {self.seed}: say anything.")]

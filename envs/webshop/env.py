@@ -288,7 +288,6 @@ class WebShopEnv(TextEnv):
         self.catalog, self.index = catalog_and_index(options.catalog_seed, options.n_products)
         self.engine: WebShopEngine | None = None
         self.goal: Goal | None = None
-        self._task_id = ""
         self._obs: Observation | None = None
         self._turn = 0
         self._item_turn = 0  # turn that opened the item on screen
@@ -310,7 +309,10 @@ class WebShopEnv(TextEnv):
     def reset(self, seed: int) -> Observation:
         index = int(seed) % self.options.n_tasks_for(self.split)
         self.goal = goal = draw_goal(self.catalog, self.index, self.split, index)
-        self._task_id = f"webshop/{self.split}/{index}/{self.catalog.key}"
+        # e.g. ``i need a shampoo that is sulfate free with ..., and price lower than 30.00 dollars``
+        self.task_text = goal.instruction
+        self.task_type = goal.category  # the target's top-level category slug: one of ``catalog.TASK_TYPES``
+        self.task_id = f"webshop/{self.split}/{index}/{self.catalog.key}"
         self.engine = WebShopEngine(self.catalog, self.index, goal.instruction)
         self._turn, self._item_turn, self._done, self.score = 0, 0, False, None
         self._obs = self._observation()
@@ -363,7 +365,7 @@ class WebShopEnv(TextEnv):
         info = {
             "turn": self._turn,
             "invalid_reason": reason,
-            "task_id": self._task_id,
+            "task_id": self.task_id,
             "task_score": self.score.total if self.score else 0.0,
         }
         if self.score is not None:
@@ -381,22 +383,6 @@ class WebShopEnv(TextEnv):
         )
 
     # ----- task metadata -------------------------------------------------------------------------
-    @property
-    def task_text(self) -> str:
-        """The instruction, e.g. ``i need a shampoo that is sulfate free with ..., and price lower than 30.00
-        dollars``."""
-        return self.goal.instruction if self.goal else ""
-
-    @property
-    def task_type(self) -> str:
-        """The target's top-level category slug: one of ``catalog.TASK_TYPES``."""
-        return self.goal.category if self.goal else ""
-
-    @property
-    def task_id(self) -> str:
-        """``webshop/<split>/<task index>/<catalog key>``: the same string always names the same task."""
-        return self._task_id
-
     def get_available_actions(self) -> dict:
         """WebShop's ``{"has_search_bar", "clickables"}`` of the current page."""
         return self.engine.get_available_actions()
@@ -406,7 +392,7 @@ class WebShopEnv(TextEnv):
         target, open it, choose the goal's options, buy. (For tests and demonstrations.)"""
         rank = self.index.rank(self.goal.instruction, self.goal.asin)
         if rank is None:
-            raise RuntimeError(f"task {self._task_id}: its instruction does not find the target")
+            raise RuntimeError(f"task {self.task_id}: its instruction does not find the target")
         plan = [f"search[{self.goal.instruction}]"] + ["click[next >]"] * (rank // 10)
         plan.append(f"click[{self.goal.asin.lower()}]")
         plan += [f"click[{v}]" for v in self.goal.options.values()]

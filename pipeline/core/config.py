@@ -14,6 +14,7 @@ method never touches this file.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +55,14 @@ def _require(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+def _fields(cfg: PrivyConfig, *keys: str) -> list[tuple[str, object]]:
+    """``(key, value)`` of each dotted key, so that one check over several fields names the one it refuses."""
+    return [(key, functools.reduce(getattr, key.split("."), cfg)) for key in keys]
+
+
 def _check_rollout(cfg: PrivyConfig) -> None:
     """Rollout (and the precisions, the chat template, the scorer's own limits)."""
-    r, lr = cfg.rollout, cfg.learner
+    r = cfg.rollout
     _require(r.engine in ("hf", "vllm"), f"rollout.engine={r.engine!r}: use hf or vllm")
     _require(r.num_workers >= 1, "rollout.num_workers must be >= 1")
     _require(
@@ -81,11 +87,7 @@ def _check_rollout(cfg: PrivyConfig) -> None:
         "nucleus the engine's log-probs are renormalised over the kept tokens and the learner's are not, "
         "so every importance ratio would be off by the kept mass",
     )
-    for key, value in (
-        ("rollout.precision", r.precision),
-        ("learner.precision", lr.precision),
-        ("scorer.precision", cfg.scorer.precision),
-    ):
+    for key, value in _fields(cfg, "rollout.precision", "learner.precision", "scorer.precision"):
         _require(value in PRECISIONS, f"{key}={value!r}: use one of {', '.join(PRECISIONS)}")
     m = cfg.scorer.max_noise_ratio
     _require(m is None or m > 0, f"scorer.max_noise_ratio={m} must be > 0 (or null: never refuse)")
@@ -224,14 +226,8 @@ def _check_vllm_and_resources(cfg: PrivyConfig) -> None:
         "rollout.vllm.enable_sleep_mode=true needs trainer.max_policy_lag=0 (engines sleep while "
         "the learner trains; at lag > 0 they are sampling then)",
     )
-    for key, value in (
-        ("rollout.num_gpus", r.num_gpus),
-        ("learner.num_gpus", lr.num_gpus),
-        ("scorer.num_gpus", cfg.scorer.num_gpus),
-        ("scorer.num_cpus", cfg.scorer.num_cpus),
-        ("rollout.num_cpus", r.num_cpus),
-        ("learner.num_cpus", lr.num_cpus),
-    ):
+    actors = ("rollout", "learner", "scorer")
+    for key, value in _fields(cfg, *(f"{a}.num_{kind}" for kind in ("gpus", "cpus") for a in actors)):
         _require(value >= 0, f"{key}={value} must be >= 0 (Ray resources per actor)")
     e = cfg.env
     _require(

@@ -52,36 +52,28 @@ from pathlib import Path
 from lab.bench import ROOT, Bench
 from lab.results import START, TEST_SPLIT, learning_tables, load_run, pack_runs, store_run, write_meta, write_tables
 
-# ALFWorld, SmolLM2 from its expert warm start (conf/experiment/alfworld_warm_start.yaml): 10
-# steps, validation before the first step and every 5 on 32 valid_seen tasks, valid_unseen once at
-# the end; about 1 h 25 min a point on 2 cores (not run as a whole preset).
+
+def _from_clone(env: str, methods: tuple[str, ...] = ("grpo",), **more) -> dict:
+    """A preset of ``conf/experiment/<env>_warm_start.yaml`` as it is, the clone itself evaluated
+    beside the trained points (``start``)."""
+    overrides = [f"+experiment={env}_warm_start", "trainer.ckpt_every=0", "logger.progress=false"]
+    return {"methods": list(methods), "start": True, "overrides": overrides, **more}
+
+
 PRESETS = {
-    "alfworld_cpu": {
-        "methods": ["grpo", "gigpo", "sdar_hints"],
-        "split": "valid_unseen",  # ALFWorld's held-out floor plans: its final_val_splits
-        "start": True,
-        "overrides": ["+experiment=alfworld_warm_start", "trainer.ckpt_every=0", "logger.progress=false"],
-    },
+    # ALFWorld, SmolLM2 from its expert warm start (conf/experiment/alfworld_warm_start.yaml): 10
+    # steps, validation before the first step and every 5 on 32 valid_seen tasks, valid_unseen
+    # (ALFWorld's held-out floor plans: its final_val_splits) once at the end; about 1 h 25 min a
+    # point on 2 cores (not run as a whole preset).
+    "alfworld_cpu": _from_clone("alfworld", ("grpo", "gigpo", "sdar_hints"), split="valid_unseen"),
     # Search-QA from its expert warm start (conf/experiment/search_qa_warm_start.yaml, what `make
     # train` runs: 16 steps, 64 valid questions every 4 steps, 64 test questions at the end): GRPO
     # at every seed, beside the clone itself evaluated without training (start).
-    "search_qa_cpu": {
-        "methods": ["grpo"],
-        "start": True,
-        "overrides": ["+experiment=search_qa_warm_start", "trainer.ckpt_every=0", "logger.progress=false"],
-    },
+    "search_qa_cpu": _from_clone("search_qa"),
     # code_edit and WebShop from their clones (conf/experiment/code_edit_warm_start.yaml,
     # webshop_warm_start.yaml): `--start-only` evaluates the clone itself on valid and test.
-    "code_edit_cpu": {
-        "methods": ["grpo"],
-        "start": True,
-        "overrides": ["+experiment=code_edit_warm_start", "trainer.ckpt_every=0", "logger.progress=false"],
-    },
-    "webshop_cpu": {
-        "methods": ["grpo"],
-        "start": True,
-        "overrides": ["+experiment=webshop_warm_start", "trainer.ckpt_every=0", "logger.progress=false"],
-    },
+    "code_edit_cpu": _from_clone("code_edit"),
+    "webshop_cpu": _from_clone("webshop"),
     # The same, from a clone that also played each question as the expert told the answer (the
     # hint in its system message, warm_start.hint_placement=system: it answers at once), so that
     # the self-teachers (sdar_hints, hint_distill) act on the hint they are given; 8 steps,

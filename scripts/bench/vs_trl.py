@@ -79,7 +79,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from lab.bench import ROOT, Bench, add_out
@@ -522,15 +522,9 @@ def main() -> None:
     choice = choose_precision(args.precision or "auto")
     if choice.warning:
         print(f"warning: {choice.warning}", file=sys.stderr)
-    w = Workload(
-        model=args.model,
-        steps=args.steps,
-        prompts=args.prompts,
-        generations=args.generations,
-        new_tokens=args.new_tokens,
-        temperature=args.temperature,
-        precision=choice.dtype,
-    )
+    # Each flag names the Workload field it sets; the precision is the resolved one.
+    flags = {f.name for f in fields(Workload)} & vars(args).keys()
+    w = Workload(**{name: getattr(args, name) for name in flags} | {"precision": choice.dtype})
     bench = Bench.start(args.out)  # the code measured, read before it runs
     report = {
         "benchmark": "privy-rl vs TRL GRPOTrainer",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from envs import make_env
-from envs.code_edit import rubric, sandbox, tools
+from envs.code_edit import rubric, sandbox, specs, tools
 from envs.code_edit.env import CodeEditOptions
 from envs.code_edit.rubric import TurnLog
 from envs.code_edit.tasks import FAMILIES, SPECS, expert_responses, generate_task
@@ -124,6 +124,51 @@ def test_every_bug_is_exposed_by_a_visible_case_and_every_parameter_matters():
             for case in spec.param.cases:
                 with pytest.raises(TypeError):
                     eval(f"{spec.name}({case})", dict(good))
+
+
+SPEC_ENTRY = """
+- key: twice
+  kind: math
+  name: twice
+  alt_name: double
+  label: twice
+  params: x
+  doc: Return `x` times 2.
+  body: |
+    y = x * 2
+    return y
+  bug: ["x * 2", "x * 3"]
+  cases: ["1", "-2"]
+  param:
+    name: factor
+    default: "2"
+    body: return x * factor
+    cases: ["1, factor=3"]
+    describe: "`x` is multiplied by `factor`"
+"""
+
+
+def test_the_spec_table_is_loaded_from_its_data_file_with_every_field_checked():
+    (spec,) = specs.load_specs(SPEC_ENTRY)
+    assert spec.body == "    y = x * 2\n    return y\n" and spec.bug == ("x * 2", "x * 3") and spec.cases == ("1", "-2")
+    assert spec.param == specs.ParamSpec(
+        "factor", "2", "    return x * factor\n", ("1, factor=3",), "`x` is multiplied by `factor`"
+    )
+    assert SPECS is specs.SPECS and len(SPECS) == 27  # the shipped specs.yaml
+    bad = {
+        "unknown field 'variants'": SPEC_ENTRY.replace("  label: twice\n", "  label: twice\n  variants: []\n"),
+        "missing field 'doc'": SPEC_ENTRY.replace("  doc: Return `x` times 2.\n", ""),
+        "missing field 'param.describe'": SPEC_ENTRY.replace('    describe: "`x` is multiplied by `factor`"\n', ""),
+        "'param.default' must be a string, not int": SPEC_ENTRY.replace('default: "2"', "default: 2"),
+        "'bug' must be a list of 2 strings": SPEC_ENTRY.replace('"x * 3"]', '"x * 3", "x"]'),
+    }
+    for message, text in bad.items():
+        with pytest.raises(ValueError, match=f"spec 'twice': .*{message}"):
+            specs.load_specs(text)
+    with pytest.raises(ValueError, match="entry 0: missing field 'key'"):
+        specs.load_specs(SPEC_ENTRY.replace("- key: twice\n  kind", "- kind"))
+    with pytest.raises(ValueError, match=r"duplicate key \['twice'\]"):
+        specs.load_specs(SPEC_ENTRY + SPEC_ENTRY)
 
 
 def test_hidden_tests_never_enter_the_repository():

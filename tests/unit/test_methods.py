@@ -63,6 +63,30 @@ def test_registry_holds_every_preset_and_the_papers_and_controls_are_among_them(
     assert set(PAPERS + CONTROLS) <= set(ALL)
 
 
+def test_a_part_joins_the_registry_by_naming_its_kind_and_a_taken_kind_or_unknown_slot_fails():
+    from pipeline.methods.parts import PARTS, Part, load_parts
+    from pipeline.methods.parts.schedule import Constant, Schedule
+
+    load_parts()
+    assert PARTS["schedule"]["constant"] is Constant and Constant.slot == "schedule"
+
+    class Tuned(Constant):  # names no kind: a variant of the part, not a new one
+        pass
+
+    assert Tuned.kind == "constant" and PARTS["schedule"]["constant"] is Constant
+    with pytest.raises(ValueError, match="'schedule' / kind 'constant' invalid or taken"):
+
+        class Again(Schedule, kind="constant"):
+            pass
+
+    with pytest.raises(ValueError, match="slot 'critic' is not one of"):
+
+        class Critic(Part, slot="critic"):
+            pass
+
+    assert PARTS["schedule"]["constant"] is Constant and "critic" not in PARTS
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_every_preset_yaml_holds_only_what_differs_from_its_parts_defaults(name):
     """A preset names the parts and option values that differ from the defaults (DEFAULT_KINDS, each

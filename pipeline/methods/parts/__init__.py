@@ -11,14 +11,14 @@
 | ``signal`` | ``none``, ``aux``, ``shaping``, ``null``, ``imitate`` | how the teacher enters: an aux loss (estimator, gate) or shaped advantages (ADRS TVA); the controls without a teacher: a fixed negative advantage (null baseline), NLL on the hinted expert's demonstrations (equal information) |
 | ``schedule`` | ``constant``, ``window``, ``retirement`` | when the teacher signal is on, and at what scale |
 
-Each part is a small class with an ``Options`` dataclass (defaults and a ``validate``) registered
-by ``@part``; a preset is a YAML naming one kind per slot plus option values, so a new combination
+Each part is a small class with an ``Options`` dataclass (defaults and a ``validate``), registered
+by naming its kind (``class Window(Schedule, kind="window")``); a preset is a YAML naming one kind per slot plus option values, so a new combination
 costs a YAML and a new kind of part costs one class here.
 """
 
 from __future__ import annotations
 
-from pipeline.methods.parts.base import DEFAULT_KINDS, PARTS, SLOTS, Part, Setting, part
+from pipeline.methods.parts.base import DEFAULT_KINDS, PARTS, SLOTS, Part, Setting
 
 
 def load_parts() -> None:
@@ -31,4 +31,4 @@ def load_parts() -> None:
         importlib.import_module(f"{__name__}.{info.name}")
 
 
-__all__ = ["DEFAULT_KINDS", "PARTS", "Part", "SLOTS", "Setting", "load_parts", "part"]
+__all__ = ["DEFAULT_KINDS", "PARTS", "Part", "SLOTS", "Setting", "load_parts"]

@@ -13,7 +13,7 @@ import dataclasses
 
 from pipeline.algorithm.advantages import RowAdvantages, RowInput, gigpo_advantages, grpo_advantages
 from pipeline.methods.options import require
-from pipeline.methods.parts.base import Part, part
+from pipeline.methods.parts.base import Part
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +25,7 @@ class StepOptions:
     similarity_threshold: float | None = None  # None: anchors are identical observations
 
 
-class Advantage(Part):
+class Advantage(Part, slot="advantage"):
     """What the method asks of any advantage part."""
 
     unit = "row"  # what an advantage is computed for: "row" | "anchor" (ADRS's level shapes it)
@@ -38,9 +38,8 @@ class Advantage(Part):
         return StepOptions()
 
 
-@part
-class Grpo(Advantage):
-    slot, kind = "advantage", "grpo"
+class Grpo(Advantage, kind="grpo"):
+    """Group-normalized row advantages (verl-agent's GRPO; Dr.GRPO without the std)."""
 
     @dataclasses.dataclass
     class Options:
@@ -56,9 +55,9 @@ class Grpo(Advantage):
         )
 
 
-@part
-class Gigpo(Advantage):
-    slot, kind = "advantage", "gigpo"
+class Gigpo(Advantage, kind="gigpo"):
+    """Episode advantages plus anchor-state step advantages (GiGPO)."""
+
     unit = "anchor"  # ADRS's L3 shapes an anchor-step advantage
 
     @dataclasses.dataclass

@@ -1,4 +1,5 @@
-"""The base of every part, the slots, and the registry ``@part`` fills (see ``pipeline.methods.parts``)."""
+"""The base of every part, the slots, and the registry a part joins by naming its kind (see
+``pipeline.methods.parts``)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,14 @@ class Setting:
     invalid_action_penalty: float
 
 
+PARTS: dict[str, dict[str, type[Part]]] = {slot: {} for slot in SLOTS}
+
+
 class Part:
+    """A slot's base class names its slot, ``class Schedule(Part, slot="schedule")``; a part names
+    its kind, ``class Window(Schedule, kind="window")``, and that registers it in ``PARTS`` (a
+    subclass that names no kind is not a new part: it inherits its parent's)."""
+
     slot: ClassVar[str] = ""
     kind: ClassVar[str] = ""
     # A signal that trains on the hinted expert's episodes (the rollout workers play them too).
@@ -39,18 +47,28 @@ class Part:
         def validate(self, method: str) -> None:
             pass
 
+    def __init_subclass__(cls, *, slot: str = "", kind: str = "", **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if slot:
+            if slot not in PARTS:
+                raise ValueError(f"part {cls.__name__}: slot {slot!r} is not one of {SLOTS}")
+            cls.slot = slot
+        if kind:
+            if not cls.slot or kind in PARTS[cls.slot]:
+                raise ValueError(f"part {cls.__name__}: slot {cls.slot!r} / kind {kind!r} invalid or taken")
+            cls.kind = kind
+            PARTS[cls.slot][kind] = cls
+
     def __init__(self, opts, setting: Setting):
         self.opts, self.setting = opts, setting
 
+    # What a resumed run needs of this part; most parts keep none (the schedule's retirement
+    # rule and a frozen teacher's success rate do).
+    def state_dict(self) -> dict:
+        return {}
 
-PARTS: dict[str, dict[str, type[Part]]] = {slot: {} for slot in SLOTS}
-
-
-def part(cls: type[Part]) -> type[Part]:
-    if cls.slot not in PARTS or not cls.kind or cls.kind in PARTS[cls.slot]:
-        raise ValueError(f"part {cls.__name__}: slot {cls.slot!r} / kind {cls.kind!r} invalid or taken")
-    PARTS[cls.slot][cls.kind] = cls
-    return cls
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
-__all__ = ["DEFAULT_KINDS", "PARTS", "Part", "SLOTS", "Setting", "part"]
+__all__ = ["DEFAULT_KINDS", "PARTS", "Part", "SLOTS", "Setting"]

@@ -13,10 +13,10 @@ what it gives); its options are the provider's.
 from __future__ import annotations
 
 from pipeline.context.providers import PROVIDERS, ContextProvider
-from pipeline.methods.parts.base import PARTS, Part, part
+from pipeline.methods.parts.base import PARTS, Part
 
 
-class Context(Part):
+class Context(Part, slot="context"):
     """What the method asks of any context part: its provider (the default: none)."""
 
     def build_provider(self, *, env_name: str, seed: int, always_on: bool) -> ContextProvider | None:
@@ -24,27 +24,25 @@ class Context(Part):
         return None
 
 
-class Student(Part):
+class Student(Part, slot="student"):
     """What the method asks of any student part."""
 
     carries_context = False  # the student's own prompts carry the privileged context too
 
 
-@part
-class NoContext(Context):
-    slot, kind = "context", "none"
+class NoContext(Context, kind="none"):
+    """No privileged context."""
 
 
 def _context_part(provider_cls: type[ContextProvider]) -> type[Part]:
-    class ContextPart(Context):
-        slot, kind = "context", provider_cls.kind
+    class ContextPart(Context, kind=provider_cls.kind):
         Options = provider_cls.Options
 
         def build_provider(self, *, env_name: str, seed: int, always_on: bool) -> ContextProvider:
             return provider_cls(self.opts, env_name=env_name, seed=seed, always_on=always_on)
 
     ContextPart.__name__ = f"{provider_cls.kind.title()}Context"
-    return part(ContextPart)
+    return ContextPart
 
 
 def sync_context_parts() -> None:
@@ -57,12 +55,11 @@ def sync_context_parts() -> None:
 sync_context_parts()
 
 
-@part
-class PlainStudent(Student):
-    slot, kind = "student", "plain"
+class PlainStudent(Student, kind="plain"):
+    """The student's own prompts carry no privileged context."""
 
 
-@part
-class ContextStudent(Student):
-    slot, kind = "student", "context"
+class ContextStudent(Student, kind="context"):
+    """The student's own prompts carry the teacher's context too (skill_grpo, RetireOPD's phase 1)."""
+
     carries_context = True

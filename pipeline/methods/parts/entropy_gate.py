@@ -25,7 +25,6 @@ import math
 from pipeline.algorithm.aux_losses import LOSSES
 from pipeline.core.types import AuxTerm, TeacherChannel, TeacherNeeds
 from pipeline.methods.options import require
-from pipeline.methods.parts.base import part
 from pipeline.methods.parts.signal import Signal
 
 
@@ -42,9 +41,8 @@ def _sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
-@part
-class EntropyGate(Signal):
-    slot, kind = "signal", "entropy_gate"
+class EntropyGate(Signal, kind="entropy_gate"):
+    """A sampled estimator weighed per token by how sure the teacher is (its entropy)."""
 
     @dataclasses.dataclass
     class Options:

@@ -17,10 +17,10 @@ import dataclasses
 
 from pipeline.core.types import Episode, EpisodeGroup, criterion_pass_rates
 from pipeline.methods.options import require
-from pipeline.methods.parts.base import Part, part
+from pipeline.methods.parts.base import Part
 
 
-class Reward(Part):
+class Reward(Part, slot="reward"):
     """What the method asks of any reward part."""
 
     def episode_reward(self, episode: Episode) -> float:
@@ -30,17 +30,15 @@ class Reward(Part):
         return {}
 
 
-@part
-class EnvReward(Reward):
-    slot, kind = "reward", "env"
+class EnvReward(Reward, kind="env"):
+    """The env's episode reward."""
 
     def episode_reward(self, episode: Episode) -> float:
         return episode.reward
 
 
-@part
-class CriteriaReward(Reward):
-    slot, kind = "reward", "criteria"
+class CriteriaReward(Reward, kind="criteria"):
+    """The reward recomputed from the judge's verdicts and the win (targeted guidance)."""
 
     @dataclasses.dataclass
     class Options:

@@ -22,10 +22,10 @@ import math
 from pipeline.algorithm.adrs import adrs_schedule
 from pipeline.algorithm.retirement import RetirementRule
 from pipeline.methods.options import require
-from pipeline.methods.parts.base import Part, part
+from pipeline.methods.parts.base import Part
 
 
-class Schedule(Part):
+class Schedule(Part, slot="schedule"):
     rule: RetirementRule | None = None  # the retirement state, where there is one
     retired = False
 
@@ -53,21 +53,13 @@ class Schedule(Part):
     def required_val_every(self) -> int | None:
         return None
 
-    def state_dict(self) -> dict:
-        return {}
 
-    def load_state_dict(self, state: dict) -> None:
-        pass
+class Constant(Schedule, kind="constant"):
+    """The teacher signal at full scale every step."""
 
 
-@part
-class Constant(Schedule):
-    slot, kind = "schedule", "constant"
-
-
-@part
-class Window(Schedule):
-    slot, kind = "schedule", "window"
+class Window(Schedule, kind="window"):
+    """The teacher signal on for a window of steps, with its own entropy bonus (ADRS)."""
 
     @dataclasses.dataclass
     class Options:
@@ -108,9 +100,8 @@ class Window(Schedule):
         return {f"{self.setting.prefix}/entropy_coef": self.entropy_coef(step)}
 
 
-@part
-class Retirement(Schedule):
-    slot, kind = "schedule", "retirement"
+class Retirement(Schedule, kind="retirement"):
+    """The teacher signal on until the teacher retires (RetireOPD)."""
 
     @dataclasses.dataclass
     class Options:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.core.types import Episode, TurnRecord
-from pipeline.methods.parts.base import Part, part
+from pipeline.methods.parts.base import Part
 
 
-class Select(Part):
+class Select(Part, slot="select"):
     """The default: every row, every token."""
 
     always_on = False  # every row of an episode with a failed criterion (the feedback provider reads it)
@@ -28,14 +28,13 @@ class Select(Part):
         return [1.0] * row.n_response
 
 
-@part
-class AllRows(Select):
-    slot, kind = "select", "all"
+class AllRows(Select, kind="all"):
+    """Every token of every row."""
 
 
-@part
-class FailedTurns(Select):
-    slot, kind = "select", "failed_turns"
+class FailedTurns(Select, kind="failed_turns"):
+    """The rows of the turns that failed a rubric criterion (targeted guidance)."""
+
     masks = True
 
     @dataclasses.dataclass

@@ -45,12 +45,12 @@ from pipeline.algorithm.adrs import adrs_advantages
 from pipeline.algorithm.aux_losses import ESTIMATORS, LOSSES
 from pipeline.core.types import AuxTerm, TeacherNeeds
 from pipeline.methods.options import require
-from pipeline.methods.parts.base import Part, part
+from pipeline.methods.parts.base import Part
 
 WEIGHTS = ("none", "gate")
 
 
-class Signal(Part):
+class Signal(Part, slot="signal"):
     """What the method asks of any signal part (the defaults are "no signal")."""
 
     needs_teacher = True  # False: a control, trained without a teacher
@@ -76,15 +76,14 @@ class Signal(Part):
         )
 
 
-@part
-class NoSignal(Signal):
-    slot, kind = "signal", "none"
+class NoSignal(Signal, kind="none"):
+    """The teacher does not enter training: the advantages alone."""
+
     needs_teacher = False
 
 
-@part
-class AuxLoss(Signal):
-    slot, kind = "signal", "aux"
+class AuxLoss(Signal, kind="aux"):
+    """An auxiliary loss term of one estimator (SDAR, RetireOPD, targeted guidance)."""
 
     @dataclasses.dataclass
     class Options:
@@ -170,9 +169,9 @@ class AuxLoss(Signal):
         credit.aux_terms = [term]
 
 
-@part
-class NullAdvantage(Signal):
-    slot, kind = "signal", "null"
+class NullAdvantage(Signal, kind="null"):
+    """The null baseline: a fixed negative per-token advantage in place of the teacher gap."""
+
     needs_teacher = False
 
     @dataclasses.dataclass
@@ -194,9 +193,9 @@ class NullAdvantage(Signal):
             job.credit.advantages = [[a - shift for a in row] for row in job.credit.advantages]
 
 
-@part
-class Imitate(Signal):
-    slot, kind = "signal", "imitate"
+class Imitate(Signal, kind="imitate"):
+    """The equal-information control: NLL on the hinted expert's demonstrations."""
+
     needs_teacher = False
     demonstrations = True  # the controller asks the rollout workers for the hinted expert's episode
 
@@ -231,9 +230,9 @@ TVA_APPLY = ("paper", "after_whitening")
 STD_MODES = ("per_seq", "global")
 
 
-@part
-class Shaping(Signal):
-    slot, kind = "signal", "shaping"
+class Shaping(Signal, kind="shaping"):
+    """The teacher shapes the advantages (ADRS's TVA) instead of adding a loss."""
+
     UNIT_OF_LEVEL = {"L2": ("row", "grpo"), "L3": ("anchor", "gigpo")}  # shaped unit, the advantage that has it
 
     @dataclasses.dataclass

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 
 from pipeline.methods.options import require
-from pipeline.methods.parts.base import Part, part
+from pipeline.methods.parts.base import Part
 
 TEACHER_META = "teacher.json"  # next to the phase-1 teacher's HF weights
 
@@ -42,7 +42,7 @@ def read_teacher_success_rate(hf_dir: str | Path) -> float:
     return float(json.loads(path.read_text())["success_rate"])
 
 
-class Teacher(Part):
+class Teacher(Part, slot="teacher"):
     """What the method asks of any teacher part (the defaults are "no teacher")."""
 
     present = False  # there is a teacher
@@ -58,27 +58,20 @@ class Teacher(Part):
     def check_ready(self) -> None:
         """Raise when the teacher cannot score yet."""
 
-    def state_dict(self) -> dict:
-        return {}
 
-    def load_state_dict(self, state: dict) -> None:
-        pass
+class NoTeacher(Teacher, kind="none"):
+    """No teacher."""
 
 
-@part
-class NoTeacher(Teacher):
-    slot, kind = "teacher", "none"
+class SelfTeacher(Teacher, kind="self"):
+    """The policy itself, at the weights the scorer holds (or the learner's, learner-side)."""
 
-
-@part
-class SelfTeacher(Teacher):
-    slot, kind = "teacher", "self"
     present = follows_policy = True
 
 
-@part
-class FrozenTeacher(Teacher):
-    slot, kind = "teacher", "frozen"
+class FrozenTeacher(Teacher, kind="frozen"):
+    """A separate checkpoint, trained first by a phase of its own when none is given."""
+
     present = True
 
     @dataclasses.dataclass
