@@ -1,9 +1,10 @@
 """Compare the metrics of the same fixed-seed run at two commits, step by step.
 
-``python compare.py <out>`` reads ``<out>/{before,after}/<method>/metrics.jsonl`` (what ``run.sh``
-writes), prints per method which metrics are equal at every step and the largest relative
-difference of the others, and writes ``<out>/comparison.json``. Timing keys are left out: they
-differ between any two runs of any code.
+``python compare.py <out> [after]`` reads ``<out>/before/<method>/metrics.jsonl`` and
+``<out>/<after>/<method>/metrics.jsonl`` (what ``run.sh`` writes; ``after`` defaults to
+``after``), prints per method which metrics are equal at every step and the largest relative
+difference of the others, and writes ``<out>/comparison.json`` (``comparison_<after>.json``).
+Timing keys are left out: they differ between any two runs of any code.
 """
 
 from __future__ import annotations
@@ -37,16 +38,17 @@ def compare(a: list[dict], b: list[dict]) -> dict:
 
 
 def main() -> None:
-    root = Path(sys.argv[1])
+    root, after = Path(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "after")
     out = {}
     for m in METHODS:
-        a, b = rows(root / "before" / m / "metrics.jsonl"), rows(root / "after" / m / "metrics.jsonl")
+        a, b = rows(root / "before" / m / "metrics.jsonl"), rows(root / after / m / "metrics.jsonl")
         out[m] = c = compare(a, b)
         episodes = [k for k in EPISODES if k in c["equal"]]
         print(f"{m}: {c['compared']} metrics x {len(a)} steps; {len(c['equal'])} equal at every step ({episodes})")
         for k, r in sorted(c["max_relative_difference"].items(), key=lambda x: -x[1]):
             print(f"   {k}: max relative difference {r:.2e}")
-    (root / "comparison.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    name = "comparison.json" if after == "after" else f"comparison_{after}.json"
+    (root / name).write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
