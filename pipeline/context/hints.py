@@ -1,6 +1,6 @@
 """``hints``: privileged state of the task that the env itself knows and the student does not
 (ALFWorld: where the task's objects are and where they go), as text, at a placement
-raw_prefix | system | user.
+raw_prefix | system | user | user_front.
 
 The env writes it (``TextEnv.privileged_hint``) when an episode resets; the rollout worker keeps
 it in ``Episode.privileged_hint``, so the teacher scorer, which has no env, reads it from the
@@ -29,7 +29,7 @@ class HintsContext(ContextProvider):
 
     @dataclasses.dataclass
     class Options:
-        placement: str = "system"  # where the hint goes: raw_prefix | system | user
+        placement: str = "system"  # where the hint goes: raw_prefix | system | user | user_front
 
         def validate(self, method: str) -> None:
             places = [p.value for p in Placement]

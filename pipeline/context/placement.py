@@ -10,11 +10,17 @@ Skills placements (``Placement``), given a turn row's student ``messages`` and t
   would insert by default (``default_system``: SmolLM2's and Qwen's templates add their default
   system prompt only when the conversation has none, so a bare new system message would also
   drop that prompt); only a template without a default gets a system message of its own.
-* ``user``: the same block appended (after a blank line) to the first user message. SkillRL /
-  RetireOPD put it *before* the observation; at the end of the message the block is a pure
+* ``user``: the same block appended (after a blank line) to the first user message: a pure
   insertion into the student's token ids (the message's end is followed by the template's
   end-of-turn token, a token boundary), so the teacher sees the student's prompt plus the
   privileged text and nothing else.
+* ``user_front``: the block and a blank line *before* the first user message's text, SkillRL's /
+  RetireOPD's ``"[Privileged Skill Information]\n{skills}\n\n{obs}"`` (METHODS.md), the default of
+  the students that carry skills themselves (``skill_grpo``, RetireOPD's teacher). A student's
+  own prompt must read as the prompts it was cloned on: the Search-QA clone given the skills at
+  the *end* of its message (``user``), right before its reply, answered at once without
+  searching (valid success 0 of 64; docs/results/skill_placement), and searched as usual with
+  them in front or as a raw prefix.
 
 Targeted guidance: ``insert_feedback`` appends ``"[Feedback on your previous attempt]"`` and the
 failed criteria's feedback strings (one per line, in the given order) to the end of the last user
@@ -69,13 +75,13 @@ def in_system(messages: Sequence[Message], privileged: str, default_system: str 
     return out
 
 
-def in_first_user(messages: Sequence[Message], privileged: str) -> list[Message]:
-    out = _copy(messages)
+def in_first_user(messages: Sequence[Message], privileged: str, *, front: bool = False) -> list[Message]:
+    out, block = _copy(messages), f"{SKILL_HEADER}\n{privileged}"
     for m in out:
         if m.role == "user":
-            m.content = f"{m.content}\n\n{SKILL_HEADER}\n{privileged}"
+            m.content = f"{block}\n\n{m.content}" if front else f"{m.content}\n\n{block}"
             return out
-    raise ValueError("placement 'user' needs a user message in the prompt; the messages have none")
+    raise ValueError("placements 'user' and 'user_front' need a user message in the prompt; the messages have none")
 
 
 def with_privileged(
@@ -93,7 +99,7 @@ def with_privileged(
         return PrivilegedPrompt(messages=_copy(messages), prefix=raw_prefix(privileged))
     if placement is Placement.SYSTEM:
         return PrivilegedPrompt(messages=in_system(messages, privileged, default_system))
-    return PrivilegedPrompt(messages=in_first_user(messages, privileged))
+    return PrivilegedPrompt(messages=in_first_user(messages, privileged, front=placement is Placement.USER_FRONT))
 
 
 def insert_feedback(

@@ -14,7 +14,7 @@ phase 1) and the privileged validation that measures the privilege gap all go th
   ``load_state_dict``: checkpointed with the run.
 
 Kinds: ``skills`` (retrieved from a skill bank by the task: full | keyword | random | ucb, at a
-placement raw_prefix | system | user) and ``feedback`` (the failed criteria's feedback strings,
+placement raw_prefix | system | user | user_front) and ``feedback`` (the failed criteria's feedback strings,
 right before the failing turn) and ``hints`` (privileged state the env writes as text,
 ``TextEnv.privileged_hint``). A new kind is one class here registered in ``PROVIDERS``.
 

@@ -1,5 +1,5 @@
 """``skills``: skills retrieved from a bank by the task (full | keyword | random | ucb), at a
-placement raw_prefix | system | user. One retriever on the driver owns the UCB statistics; a
+placement raw_prefix | system | user | user_front. One retriever on the driver owns the UCB statistics; a
 student view carries a snapshot of them, the worker records the offered ids in
 ``Episode.context_ids``, ``observe`` updates the statistics."""
 
@@ -47,7 +47,7 @@ class SkillsContext(ContextProvider):
         skill_bank: str = "alfworld"  # a packaged bank name (envs/skill_banks) or a path to a bank JSON
         skill_mode: str = "keyword"  # full | keyword | random | ucb
         skill_top_k: int = 6  # skills retrieved (keyword mode: general skills; else all), >= 1
-        placement: str = "raw_prefix"  # where the skills go: raw_prefix | system | user
+        placement: str = "raw_prefix"  # where the skills go: raw_prefix | system | user | user_front
 
         def validate(self, method: str) -> None:
             if not self.skill_bank:

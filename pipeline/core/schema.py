@@ -248,7 +248,7 @@ class WarmStartConfig:
     cache_dir: str | None = None  # where clones live; None = <model cache>/warm_start
     # Also clone each task as played by the expert that knows the env's privileged hint
     # (TextEnv.hinted_expert_response), the hint in its prompts at this placement (raw_prefix |
-    # system | user, as the teacher's method.placement; None = no such episodes). A hints teacher
+    # system | user | user_front, as the teacher's method.placement; None = no such episodes). A hints teacher
     # (method=sdar_hints) has something to distil only once the policy acts on a hint.
     hint_placement: str | None = None
 

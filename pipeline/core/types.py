@@ -34,6 +34,7 @@ class Placement(StrEnum):
     RAW_PREFIX = "raw_prefix"
     SYSTEM = "system"
     USER = "user"
+    USER_FRONT = "user_front"
 
 
 @dataclass(kw_only=True, slots=True)

@@ -89,7 +89,7 @@ def _run(cfg: PrivyConfig, run_dir: Path, signals: StopSignals, started_at: floa
             controller.logger.close()
             controller.events.close()
         free_actors(actors)
-    _write_summary(run_dir, controller, history, time.time() - t0, code)
+    _write_summary(run_dir, controller, history, time.time() - t0, code, cfg.trainer.total_steps)
     _say_if_stopped(cfg, run_dir, controller, signals)
     return history
 
@@ -205,9 +205,13 @@ def _drive(controller, signals: StopSignals, cfg: PrivyConfig, run_dir: Path) ->
         raise RunStopped(abort_line(controller, run_dir, cfg.trainer.total_steps), signum=signals.first) from None
 
 
-def _write_summary(run_dir: Path, controller, history: list, seconds: float, code: dict) -> None:
+def _write_summary(run_dir: Path, controller, history: list, seconds: float, code: dict, total_steps: int) -> None:
+    done = controller.state.step >= total_steps or controller.time_limited
     summary = {
         "steps": controller.state.step,
+        # False: a signal stopped it before its last step or its final validation; a rerun of
+        # scripts/bench/learning.py resumes such a run instead of taking it as a result
+        "finished": done and not controller.final_skipped,
         "time_limited": controller.time_limited,  # ended by trainer.time_limit_s before total_steps
         "seconds": seconds,
         "first": history[0] if history else {},

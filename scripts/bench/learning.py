@@ -244,8 +244,11 @@ def run_point(
     side by side), else to this process's."""
     run_dir = out / point_name(method, seed, repeat)
     if (run_dir / "summary.json").exists():
-        print(f"learning: {run_dir.name} finished earlier: skipped", flush=True)
-        return run_dir
+        summary = json.loads((run_dir / "summary.json").read_text())
+        if summary.get("finished", True):  # runs from before the field were all finished ones
+            print(f"learning: {run_dir.name} finished earlier: skipped", flush=True)
+            return run_dir
+        print(f"learning: {run_dir.name} was stopped after step {summary['steps']}: resuming it", flush=True)
     if method == START:  # the starting model: validation (unless the overrides turn it off) and the test split
         explicit = [o for o in overrides if o.startswith("trainer.val_at_start=")][-1:]
         overrides = [o for o in overrides if not o.startswith(("trainer.total_steps=", "trainer.val_at_start="))]
@@ -258,6 +261,7 @@ def run_point(
         f"trainer.seed={seed}",
         f"trainer.run_dir={run_dir}",
         f"hydra.run.dir={run_dir}",
+        "trainer.resume=auto",  # a point stopped or killed earlier goes on from its last checkpoint
         *overrides,
     ]
     t0 = time.time()

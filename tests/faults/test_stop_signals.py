@@ -171,10 +171,13 @@ def test_repeated_signals_during_the_grace_save(tmp_path, signame, n):
         ), last
         assert (ckpts / "latest").read_text().strip() == f"step_{steps[-1]:06d}"
         assert not _saving(run_dir)
+        # stopped, not finished: scripts/bench/learning.py resumes such a point rather than storing it
+        assert json.loads((run_dir / "summary.json").read_text())["finished"] is False
         more = [*args[:-2], f"trainer.total_steps={steps[-1] + 1}", f"trainer.run_dir={run_dir}"]
         resumed = train([*more, f"trainer.resume={run_dir}"], tmp_path)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()][-1] == steps[-1] + 1
+        assert json.loads((run_dir / "summary.json").read_text())["finished"] is True
     else:
         # the step the first signal let finish is trained, then its save is aborted: nothing is saved
         assert "third stop request (SIGINT): aborting now" in err, err[-3000:]

@@ -178,6 +178,30 @@ def test_a_finished_point_loses_its_checkpoints_unless_kept_with_a_fake_train_pr
     assert calls[-1][-2:] == ["trainer.total_steps=0", "trainer.val_at_start=false"]  # a test-only start
 
 
+def test_a_stopped_point_is_resumed_and_a_finished_one_skipped_with_a_fake_train_process(tmp_path, monkeypatch):
+    """run_point around a FAKE scripts/train.py: a point whose summary says a signal stopped it
+    (``finished: false``) runs again with ``trainer.resume=auto``; a finished one (or one from
+    before the field) is not run again."""
+    calls = []
+
+    def fake_run(cmd, cwd):
+        calls.append(cmd)
+        run_dir = Path(next(a for a in cmd if a.startswith("trainer.run_dir=")).split("=", 1)[1])
+        (run_dir / "summary.json").write_text(json.dumps({"steps": 16, "finished": True, "seconds": 1.0}))
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    for name, summary in [("grpo_s0", {"steps": 0, "finished": False}), ("grpo_s1", {"steps": 16, "finished": True}),
+                          ("grpo_s2", {"steps": 16})]:  # fmt: skip
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({**summary, "seconds": 1.0}))
+    for seed in (0, 1, 2):
+        assert bench.run_point(tmp_path, "grpo", seed, ["method.lam=0.1"]) == tmp_path / f"grpo_s{seed}"
+    assert len(calls) == 1 and "trainer.run_dir=" + str(tmp_path / "grpo_s0") in calls[0]
+    assert calls[0].index("trainer.resume=auto") < calls[0].index("method.lam=0.1")  # a preset may override it
+    assert json.loads((tmp_path / "grpo_s0" / "summary.json").read_text())["finished"]
+
+
 def test_points_side_by_side_join_one_cluster_start_first_and_share_a_time_budget_with_a_fake_train_process(
     tmp_path, monkeypatch
 ):

@@ -151,7 +151,7 @@ def test_prerequisite_is_skill_grpo_with_the_same_retrieval_options_when_no_teac
     phase1 = phase2.prerequisite()
     assert phase1["name"] == "skill_grpo"
     student = build_method(phase1, invalid_action_penalty=PENALTY)
-    assert student.skills_for_student() == {"bank": "alfworld", "mode": "full", "top_k": 4, "placement": "user"}
+    assert student.skills_for_student() == {"bank": "alfworld", "mode": "full", "top_k": 4, "placement": "user_front"}
     assert student.teacher_spec() is None and student.signal.kind == "none"
     assert phase2.skills_for_teacher() == student.skills_for_student()
     assert phase2.prerequisite_steps() == 150
@@ -165,7 +165,7 @@ def test_adopting_the_phase_one_teacher_sets_path_and_success_rate(tmp_path):
         m.teacher_active(0)
     m.adopt_prerequisite(str(tmp_path), 0.8)
     spec = m.teacher_spec()
-    assert (spec.follows_policy, spec.weights_path, spec.placement) == (False, str(tmp_path), "user")
+    assert (spec.follows_policy, spec.weights_path, spec.placement) == (False, str(tmp_path), "user_front")
     assert m.teacher_active(0) and m.retirement.teacher_success_rate == 0.8
     assert m.state_dict()["teacher_path"] == str(tmp_path)
     assert read_teacher_success_rate(tmp_path) == 0.8  # stored with the teacher

@@ -248,12 +248,12 @@ def test_gigpo_adds_the_weighted_anchor_step_advantage_to_each_row():
 
 def test_skill_grpo_gives_the_student_its_retrieval_options_and_plain_grpo_credit():
     method = build("skill_grpo", skill_mode="ucb", skill_top_k=3)
-    assert method.skills_for_student() == {"bank": "alfworld", "mode": "ucb", "top_k": 3, "placement": "user"}
+    assert method.skills_for_student() == {"bank": "alfworld", "mode": "ucb", "top_k": 3, "placement": "user_front"}
     assert build("skill_grpo").skills_for_student() == {
         "bank": "alfworld",
         "mode": "keyword",
         "top_k": 6,
-        "placement": "user",
+        "placement": "user_front",
     }
     assert method.teacher_spec() is None
     groups = unscored(scored_groups())
@@ -272,7 +272,7 @@ def test_skill_grpo_gives_the_student_its_retrieval_options_and_plain_grpo_credi
         ("grpo_opsd", True, "raw_prefix"),
         ("skill_sd", True, "raw_prefix"),
         ("adrs", True, "raw_prefix"),
-        ("retire_opd", False, "user"),
+        ("retire_opd", False, "user_front"),
     ],
 )
 def test_skill_teacher_methods_ask_for_a_skills_teacher_with_their_retrieval_options(name, follows_policy, placement):

@@ -65,6 +65,16 @@ def test_user_placement_appends_to_the_first_user_message():
         with_privileged(chat(("system", "s")), SKILLS, "user")
 
 
+def test_user_front_placement_puts_the_skills_before_the_first_user_message():
+    # METHODS.md's RetireOPD form: "[Privileged Skill Information]\n{skills}\n\n{obs}"
+    msgs = chat(("system", "s"), ("user", "first obs"), ("assistant", "go to fridge 1"), ("user", "second obs"))
+    got = with_privileged(msgs, SKILLS, "user_front")
+    assert got.messages[1].content == f"[Privileged Skill Information]\n{SKILLS}\n\nfirst obs"
+    assert got.messages[3].content == "second obs" and got.prefix == ""
+    with pytest.raises(ValueError, match="user message"):
+        with_privileged(chat(("system", "s")), SKILLS, "user_front")
+
+
 def test_placements_never_mutate_the_student_messages_and_empty_text_is_a_no_op():
     msgs = student()
     before = [m.as_dict() for m in msgs]

@@ -79,7 +79,7 @@ def template_tok(request, tiny_model_dir):
 
 
 @pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
-@pytest.mark.parametrize("placement", ["raw_prefix", "system", "user"])
+@pytest.mark.parametrize("placement", ["raw_prefix", "system", "user", "user_front"])
 def test_skills_teacher_prompt_is_the_student_prompt_plus_the_skills_only(template_tok, conversation, placement):
     prompts = TeacherPrompts(template_tok, max_total_tokens=8192)
     assert prompts.default_system  # both templates add a default system prompt when there is none
