@@ -12,8 +12,8 @@
 Stopping (Ctrl-C, ``request_stop``): the train loop finishes the step it is in (the rollout loops
 keep playing the groups it waits for), checkpoints and returns; a second request aborts at once
 (``run`` raises ``Aborted``: a third signal, ``signals.py``; a second one hurries the stop). A stop
-with a deadline (SIGTERM) skips validations and abandons the step in progress when it could not be
-checkpointed in time (``pipeline/orchestration/stopping.py``).
+with a deadline (SIGTERM) puts validations off to the resumed run (``val_pending``) and abandons
+the step in progress when it could not be checkpointed in time (``pipeline/orchestration/stopping.py``).
 The rollout loops end only when the train loop has ended, or by raising.
 
 Workers are handles (``actors.handles``, from ``launch.py``): the same loops drive Ray actors in
@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-import sys
 from dataclasses import dataclass, field
 
 from pipeline.core.config import PrivyConfig
@@ -42,7 +41,7 @@ from pipeline.orchestration.pool import WorkerPool
 from pipeline.orchestration.prompts import PromptLedger
 from pipeline.orchestration.saver import StepSaver
 from pipeline.orchestration.step_metrics import check_noise_floor, rollout_metrics, teacher_metrics
-from pipeline.orchestration.stopping import RunLimits, StopRequest
+from pipeline.orchestration.stopping import RunLimits, StopRequest, cancel_all
 from pipeline.orchestration.validator import Validator
 
 
@@ -74,6 +73,7 @@ class ControllerState:
     skipped_streak: int = 0  # ... of them in a row, up to the last step
     env_error_episodes: int = 0  # training episodes cut short by their env (left out of training)
     env_error_groups: int = 0  # training groups with no episode the env completed (played again)
+    val_pending: int | None = None  # a step whose due validation a stop deadline put off: a resume runs it first
 
 
 class Controller:
@@ -182,7 +182,7 @@ class Controller:
                 if not (task is trainer and self.aborted):
                     task.result()
         finally:
-            await _cancel_all([trainer, *rollouts, *self.pool.rejoins])
+            await cancel_all([trainer, *rollouts, *self.pool.rejoins])
         if self.aborted:
             raise Aborted(f"aborted during step {self.state.step + 1} (a second stop request)")
         return self.history
@@ -239,13 +239,15 @@ class Controller:
         )
 
     async def _train_loop(self) -> None:
-        t, v = self.cfg.trainer, self.validator
+        t = self.cfg.trainer
         if self.state.step == 0 and (t.val_at_start or t.total_steps == 0):
-            # the starting point (e.g. the warm start), as step 0; with no steps, also the final splits
-            metrics = await v.validate(0, notify_method=False) if t.val_at_start else {}
-            if t.total_steps == 0:
-                metrics.update(await v.final(0))
+            metrics = await self.validator.at_start(self._stop)
+            if metrics is None:  # a stop with a deadline came: nothing is trained yet, nothing lost
+                return
             self._log(0, metrics)
+        if self.state.val_pending == self.state.step:  # put off by the stop the checkpoint was saved at
+            if await self._validate(self.state.step, self.state.step >= t.total_steps, {}):
+                return
         while self.state.step < t.total_steps and not self._stop.is_set():
             metrics = await self.saver.run_step(self._train_step)
             if metrics is None:
@@ -254,15 +256,9 @@ class Controller:
             step = self.state.step
             halt = self.limits.count_skip(step, metrics)
             last = step == t.total_steps or self.limits.past_time_limit(step, metrics)
-            hurry = self._stop.deadline is not None  # a validation could outlast the grace
             try:
-                if t.val_every and (step % t.val_every == 0 or last) and not halt and not hurry:
-                    metrics.update(await v.validate(step, last=last))
-                if last and not halt:
-                    if hurry:
-                        self.final_skipped = True
-                    else:
-                        metrics.update(await v.final(step))
+                if not halt and ((t.val_every and step % t.val_every == 0) or last):
+                    await self._validate(step, last, metrics, log=False)
             except Exception as error:  # e.g. a rollout worker lost for good mid-validation
                 self.logger.log(metrics, step)
                 await self.saver.keep_trained_step(step, error)
@@ -284,6 +280,20 @@ class Controller:
                 )
             if last:
                 return
+
+    async def _validate(self, step: int, last: bool, metrics: dict[str, float], log: bool = True) -> bool:
+        """Step ``step``'s due validation into ``metrics`` (logged if ``log``); True when the run ends
+        here. Put off by a stop with a deadline, it is ``val_pending`` in the checkpoint: the resumed
+        run validates that step first (no point of the curve, no retirement window lost)."""
+        got = await self.validator.due(step, last, self._stop)
+        if got is None:
+            self.state.val_pending, self.final_skipped = step, last
+            return True
+        self.state.val_pending = None
+        metrics.update(got)
+        if log:
+            self._log(step, metrics)
+        return last
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
         self.logger.log(metrics, step)
@@ -373,21 +383,3 @@ class Controller:
             **self.prompts.metrics(len(self.buffer)),
             **clock.metrics(busy, window, groups, step),
         }
-
-
-async def _cancel_all(tasks: list[asyncio.Task], grace_s: float = 60.0) -> None:
-    """Cancel the loops and wait for them, but boundedly: the run's end (its actors are killed
-    next) must not hang on a task that does not finish its cancellation."""
-    for task in tasks:
-        task.cancel()
-    done, stuck = await asyncio.wait(tasks, timeout=grace_s)
-    for task in done:  # retrieved: their errors after the cancel are not the run's
-        if not task.cancelled():
-            task.exception()
-    if stuck:
-        print(
-            f"privy-rl: warning: {', '.join(t.get_name() for t in stuck)} did not stop within "
-            f"{grace_s:g} s of being cancelled; ending the run without them",
-            file=sys.stderr,
-            flush=True,
-        )

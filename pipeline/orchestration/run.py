@@ -211,7 +211,7 @@ def _write_summary(run_dir: Path, controller, history: list, seconds: float, cod
         "steps": controller.state.step,
         # False: a signal stopped it before its last step or its final validation; a rerun of
         # scripts/bench/learning.py resumes such a run instead of taking it as a result
-        "finished": done and not controller.final_skipped,
+        "finished": done and not controller.final_skipped and controller.state.val_pending is None,
         "time_limited": controller.time_limited,  # ended by trainer.time_limit_s before total_steps
         "seconds": seconds,
         "first": history[0] if history else {},
@@ -228,11 +228,10 @@ def _say_if_stopped(cfg: PrivyConfig, run_dir: Path, controller, signals: StopSi
     if not controller.stopping or (controller.state.step >= total and not controller.final_skipped):
         return
     step, saved = controller.state.step, controller.saver.saved_step
-    if controller.final_skipped:
-        then = (
-            f"step {step} is saved; the final validation was skipped: evaluate {run_dir}/checkpoints/"
-            f"step_{step:06d}/hf with trainer.total_steps=0 model=hf_path model.path=..."
-        )
+    pending = controller.state.val_pending
+    if pending is not None and pending == step and saved == step:
+        what = "its validation and the final splits" if controller.final_skipped else "its validation"
+        then = f"step {step} is saved, {what} put off; continue with trainer.resume={run_dir} (they run first)"
     elif step == 0:
         then = "no step was trained, nothing is saved: start the run again"
     elif saved == step:

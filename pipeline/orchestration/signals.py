@@ -135,7 +135,7 @@ def ask_to_stop(controller, grace_s: float, signum: int, n: int) -> None:
     if n == 1 and signum == signal.SIGTERM:  # a cluster's stop: SIGKILL follows after its grace
         _say(
             f"SIGTERM: finishing step {step + 1} if it can be checkpointed within trainer.stop_grace_s="
-            f"{grace_s:g}, else keeping step {step}; no more validation (a second signal hurries)"
+            f"{grace_s:g}, else keeping step {step}; validations put off to the resumed run (a second signal hurries)"
         )
         controller.request_stop(deadline=time.monotonic() + grace_s)
     elif n == 1:

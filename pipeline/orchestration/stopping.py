@@ -19,7 +19,10 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class StopRequest:
@@ -69,6 +72,28 @@ class StopRequest:
         finally:
             if not step.done():
                 step.cancel()
+
+    async def unless_deadline(self, work: Awaitable[T]) -> T | None:
+        """``work``'s result, or None when a stop with a deadline comes (or came) first: ``work``
+        is cancelled. For validations: one can outlast any grace (minutes against 30 s), and what
+        the grace is for is the checkpoint."""
+        if self.deadline is not None:
+            if asyncio.iscoroutine(work):
+                work.close()  # never started
+            return None
+        task = asyncio.ensure_future(work)
+        try:
+            while not task.done() and self.deadline is None:
+                self._changed.clear()
+                await self._wait(task, None)
+            if task.done():
+                return task.result()
+            task.cancel()
+            await asyncio.wait([task])
+            return None
+        finally:
+            if not task.done():
+                task.cancel()
 
     async def _wait(self, step: asyncio.Task, timeout: float | None) -> None:
         wake = asyncio.ensure_future(self._changed.wait())
@@ -122,3 +147,21 @@ class RunLimits:
             st.skipped_streak = 0
         metrics["faults/skipped_steps"] = st.skipped
         return bool(limit) and st.skipped_streak >= limit
+
+
+async def cancel_all(tasks: list[asyncio.Task], grace_s: float = 60.0) -> None:
+    """Cancel the loops and wait for them, but boundedly: the run's end (its actors are killed
+    next) must not hang on a task that does not finish its cancellation."""
+    for task in tasks:
+        task.cancel()
+    done, stuck = await asyncio.wait(tasks, timeout=grace_s)
+    for task in done:  # retrieved: their errors after the cancel are not the run's
+        if not task.cancelled():
+            task.exception()
+    if stuck:
+        print(
+            f"privy-rl: warning: {', '.join(t.get_name() for t in stuck)} did not stop within "
+            f"{grace_s:g} s of being cancelled; ending the run without them",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -76,6 +76,34 @@ class Validator:
               file=sys.stderr, flush=True)  # fmt: skip
         return out
 
+    async def at_start(self, stop) -> dict[str, float] | None:
+        """The starting point (e.g. the warm start) as step 0, with no steps to train also the final
+        splits; None when a stop with a deadline (``stop``) cancels them."""
+        t = self.cfg.trainer
+        got = await stop.unless_deadline(self.validate(0, notify_method=False)) if t.val_at_start else {}
+        if got is not None and t.total_steps == 0:
+            final = await stop.unless_deadline(self.final(0))
+            got = None if final is None else {**got, **final}
+        return got
+
+    async def due(self, step: int, last: bool, stop) -> dict[str, float] | None:
+        """Step ``step``'s due validation (every ``trainer.val_every`` steps and at the ``last``)
+        and at the last step the final splits; None when a stop with a deadline (``stop``, a
+        ``StopRequest``) comes first: they are cancelled, as one can outlast any grace (64
+        Search-QA questions take 2-10 min on 2 cores, a preemption gives 30 s)."""
+        t = self.cfg.trainer
+        got: dict[str, float] | None = {}
+        if t.val_every and (step % t.val_every == 0 or last):
+            got = await stop.unless_deadline(self.validate(step, last=last))
+        if got is not None and last:
+            final = await stop.unless_deadline(self.final(step))
+            got = None if final is None else {**got, **final}
+        if got is None:
+            self.events.record("validation_put_off", step=step)
+            print(f"privy-rl: the validation of step {step} is put off to the resumed run (a stop with a deadline)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        return got
+
     def _privileged(self, step: int, pre: str, last: bool) -> bool:
         """Whether this validation replays its tasks with the teacher's context. Under "ends", the
         gap at the start and at the end of the run (what a method changed of it) costs two replays

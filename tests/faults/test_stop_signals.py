@@ -187,3 +187,42 @@ def test_repeated_signals_during_the_grace_save(tmp_path, signame, n):
         ), last
         assert not (ckpts / "latest").exists()
     assert "Traceback" not in err
+
+
+@pytest.mark.extended
+def test_sigterm_during_a_validation_saves_the_step_and_the_resumed_run_validates_it(tmp_path):
+    """A validation can outlast any grace (64 Search-QA questions take 2-10 min on 2 cores; a
+    preemption gives 30 s): SIGTERM during step 2's validation, the rollout worker slowed 20x so
+    that it cannot end in the grace, cancels it and saves step 2 in time; the resumed run validates
+    step 2 first, then trains step 3."""
+    run_dir = tmp_path / "run"
+    args = [*TINY, "trainer.total_steps=3", "trainer.val_every=2", "trainer.val_tasks=64", "trainer.stop_grace_s=20"]
+    run = Run([*args, f"trainer.run_dir={run_dir}"], tmp_path)
+    throttle = None
+    try:
+        run.wait_for(lambda: "privy-rl: val at step 2: " in run.err, "step 2's validation")
+        worker = actor_pid(run.proc.pid, "RolloutWorker")
+        throttle = Throttle(lambda: worker, stopped=0.95, period=0.5)
+        throttle.start()
+        t0 = time.monotonic()
+        run.proc.send_signal(signal.SIGTERM)
+        rc = run.end(timeout=120)
+        seconds = time.monotonic() - t0
+    finally:
+        if throttle is not None:
+            throttle.stop()
+        run.kill()
+    err = run.err
+    assert rc == 128 + signal.SIGTERM, err[-3000:]
+    assert seconds < 20 + 15, err[-3000:]  # the grace, and the actors' shutdown
+    assert "the validation of step 2 is put off" in err, err[-3000:]
+    assert _last_line(err).endswith(
+        f"step 2 is saved, its validation put off; continue with trainer.resume={run_dir} (they run first)"
+    ), _last_line(err)
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    assert json.loads((run_dir / "summary.json").read_text())["finished"] is False
+    resumed = train([*args, f"trainer.run_dir={run_dir}", f"trainer.resume={run_dir}"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], "val/success" in r) for r in rows] == [(1, False), (2, False), (2, True), (3, True)]
+    assert json.loads((run_dir / "summary.json").read_text())["finished"] is True

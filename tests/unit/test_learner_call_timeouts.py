@@ -8,7 +8,7 @@ import pytest
 
 from actors.handles import LearnerGroup, LearnerHung
 from pipeline.core.config import ConfigError, PrivyConfig, validate
-from pipeline.orchestration.controller import _cancel_all
+from pipeline.orchestration.stopping import cancel_all
 
 
 class _Method:
@@ -129,7 +129,7 @@ def test_cancelling_the_loops_is_bounded_when_one_ignores_its_cancellation(capsy
     async def main():
         tasks = [asyncio.create_task(stubborn(), name="rollout0"), asyncio.create_task(polite(), name="train")]
         await asyncio.sleep(0)
-        await _cancel_all(tasks, grace_s=0.2)
+        await cancel_all(tasks, grace_s=0.2)
         return tasks
 
     tasks = asyncio.run(main())

@@ -158,3 +158,76 @@ def test_a_take_cancelled_while_waiting_gives_back_nothing_of_an_earlier_take():
         assert await buf.give_back() == 0 and len(buf) == 0
 
     asyncio.run(main())
+
+
+class SlowValidation(FakeWorker):
+    """A FAKE worker whose validation groups (any split but ``train``) take ``slow`` seconds."""
+
+    def __init__(self, slow: float):
+        super().__init__(0.01)
+        self.slow, self.validating = slow, 0
+
+    async def run_group(self, **kw):
+        val = kw["split"] != "train"
+        self.validating += val
+        self.delay = self.slow if val else 0.01
+        return await super().run_group(**kw)
+
+
+def test_fake_a_deadline_during_a_validation_puts_it_off_to_the_resumed_run():
+    """A validation can take minutes (64 Search-QA questions: 2-10 min on 2 cores) against a grace
+    of 30 s: a stop with a deadline during the one of step 2 cancels it and saves step 2 with the
+    validation pending; the resumed run validates step 2 first (a row of its own), then trains on."""
+    from dataclasses import asdict
+
+    from pipeline.orchestration.controller import ControllerState
+
+    cfg = make_cfg(lag=0, steps=4)
+    cfg.trainer.val_every, cfg.trainer.val_tasks, cfg.trainer.ckpt_every = 2, 2, 0
+    worker, learner, ckpt = SlowValidation(slow=30.0), FakeLearner(0.0), FakeCheckpointer()
+    ctl = controller(cfg, worker, learner, ckpt)
+
+    async def main(ctl):
+        stopper = asyncio.create_task(stop_when(ctl, lambda: worker.validating > 0, 2.0))
+        t0 = time.monotonic()
+        await asyncio.wait_for(ctl.run(), timeout=10)
+        await stopper
+        return time.monotonic() - t0
+
+    assert asyncio.run(main(ctl)) < 5  # not the 30 s of the validation
+    assert ctl.state.step == 2 and ctl.state.val_pending == 2 and [s for s, _ in ckpt.saved] == [2]
+    assert not ctl.final_skipped and not any("val/success" in m for m in ctl.history)
+
+    rows = []
+    logger = MetricsLogger([])
+    logger.log = lambda metrics, step: rows.append((step, dict(metrics)))
+    fast = SlowValidation(slow=0.01)
+    state = ControllerState(**asdict(ctl.state))
+    method = build_method({"name": "grpo"}, invalid_action_penalty=0.1)
+    resumed = Controller(
+        cfg, learner=FakeLearner(0.0), workers=[fast], method=method, logger=logger, checkpointer=FakeCheckpointer(),
+        state=state, buffer_state=ctl.buffer.state_dict(),
+    )  # fmt: skip
+    asyncio.run(asyncio.wait_for(resumed.run(), timeout=10))
+    assert [s for s, m in rows if "val/success" in m] == [2, 4]  # step 2's put-off validation, then step 4's
+    assert rows[0][0] == 2 and "learner/loss" not in rows[0][1]  # a row of its own, before step 3 trains
+    assert [s for s, m in rows if "learner/loss" in m] == [3, 4]
+    assert resumed.state.step == 4 and resumed.state.val_pending is None
+
+
+def test_fake_a_deadline_during_the_first_validation_ends_the_run_at_once():
+    """Nothing is trained before the step-0 validation, so a stop with a deadline cancels it."""
+    cfg = make_cfg(lag=0, steps=4)
+    cfg.trainer.val_at_start, cfg.trainer.val_tasks = True, 2
+    worker, ckpt = SlowValidation(slow=30.0), FakeCheckpointer()
+    ctl = controller(cfg, worker, FakeLearner(0.0), ckpt)
+
+    async def main():
+        stopper = asyncio.create_task(stop_when(ctl, lambda: worker.validating > 0, 2.0))
+        t0 = time.monotonic()
+        await asyncio.wait_for(ctl.run(), timeout=10)
+        await stopper
+        return time.monotonic() - t0
+
+    assert asyncio.run(main()) < 5
+    assert ctl.state.step == 0 and ckpt.saved == [] and ctl.history == []
