@@ -24,6 +24,7 @@ ROOT = HERE.parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from envs import make_env  # noqa: E402
+from lab.checkout import git_commit  # noqa: E402
 from lab.results import write_meta  # noqa: E402
 from pipeline.context.skills import SkillsView  # noqa: E402
 from pipeline.context.student_prompts import StudentPrompts  # noqa: E402
@@ -47,6 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
+    git = git_commit(ROOT)  # the code probed: read before it runs (the tree may move meanwhile)
     torch.set_num_threads(args.threads)
     tok = load_tokenizer(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).eval()
@@ -78,6 +80,7 @@ def main() -> None:
     write_meta(
         HERE,
         ROOT,
+        git,
         kind="probe",
         command=f"python docs/results/skill_placement/probe.py --model <clone> --tasks {args.tasks}",
         model=Path(args.model).name,
