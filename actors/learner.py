@@ -87,8 +87,8 @@ class LearnerWorker(WeightSource):
         self.precision = choose_precision(self.cfg.precision, get_accelerator().device_name())
         torch.manual_seed(self.seed)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        if self.cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+        if self.cfg.gradient_checkpointing:  # torch's non-reentrant form: no input needs a grad of its own
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         if self.cfg.offload_optimizer:
             # DeepSpeed refuses a client torch optimizer with ZeRO-Offload (the CPU step would be
