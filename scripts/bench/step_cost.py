@@ -1,6 +1,7 @@
 """``make train``'s recipe for a few steps on this tree and on an older commit, side by side.
 
-    python scripts/bench/step_cost.py [--base 153028b] [--steps 4] [--warmup 1] [--out DIR] [overrides...]
+    python scripts/bench/step_cost.py [--base 153028b|none] [--variant "OVERRIDES"] [--steps 4] [--warmup 1]
+        [--out DIR] [overrides...]
 
 Each tree runs ``scripts/train.py +experiment=search_qa_warm_start`` (the same cached clone, seed
 and task stream) for ``--steps`` training steps with no validation and no checkpoint, alone, one
@@ -9,8 +10,10 @@ own with a venv of its own, built by that commit's own ``make setup`` (minutes t
 then reused from ``.cache/privy-rl/bench_trees/``). A sampler reads the resident size of each
 run's learner process twice a second. Per tree: seconds per step, the learner's seconds per step
 (``time/train_s``), the rollout wait, tokens forwarded by the learner and its peak resident size;
-then current / base. Steps before ``--warmup`` are left out of the means. Run it alone: other load
-on the 2 cores changes every time.
+then current / base. ``--variant`` adds a run of this tree with more overrides (a setting against
+the default, e.g. gradient checkpointing), compared with current and base; ``--base none`` leaves
+the older commit out. Steps before ``--warmup`` are left out of the means. Run it alone: other
+load on the 2 cores changes every time.
 """
 
 from __future__ import annotations
@@ -121,44 +124,55 @@ def summarise(run: dict, warmup: int) -> dict:
 COLUMNS = ("step_s", "learner_s", "wait_rollout_s", "learner_peak_gb")
 
 
+RUNS = ("base", "current", "variant")
+
+
+def ratios(report: dict) -> dict[str, dict]:
+    """``a / b`` of each column for every pair of the runs present, later over earlier."""
+    have = [k for k in RUNS if k in report]
+    out = {}
+    for i, b in enumerate(have):
+        for a in have[i + 1 :]:
+            x, y = report[a], report[b]
+            out[f"{a} / {b}"] = {m: (x[m] / y[m] if y[m] and x[m] is not None else None) for m in COLUMNS}
+    return out
+
+
 def step_table(report: dict) -> list[dict]:
-    """Both trees' means (seconds to 0.1, GB to 0.01) and current / base (to 0.01)."""
+    """The runs' means (seconds to 0.1, GB to 0.01), then their ratios (to 0.01)."""
 
     def r(x, digits):
         return None if x is None else round(x, digits)
 
     table = [
-        {"tree": k, **{m: r(report[k][m], 2 if m.endswith("gb") else 1) for m in COLUMNS}} for k in ("base", "current")
+        {"tree": k, **{m: r(report[k][m], 2 if m.endswith("gb") else 1) for m in COLUMNS}} for k in RUNS if k in report
     ]
-    table.append({"tree": "current / base", **{m: r(report["current_over_base"][m], 2) for m in COLUMNS}})
+    table += [{"tree": name, **{m: r(v, 2) for m, v in row.items()}} for name, row in report["ratios"].items()]
     return table
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", default="153028b", help="the older commit (a git ref)")
+    ap.add_argument("--base", default="153028b", help="the older commit (a git ref), or none")
+    ap.add_argument("--variant", default="", help="overrides of a third run of this tree (space-separated)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=1, help="steps left out of the means")
     add_out(ap)
     args, overrides = ap.parse_known_args()
     bench = Bench.start(args.out)
-    tree, python = base_tree(args.base)
+    variant = args.variant.split()
+    report = {"command": bench.command, "steps": args.steps, "warmup": args.warmup, "overrides": overrides}
     with tempfile.TemporaryDirectory(prefix="step_cost.") as tmp:
-        current = run_tree("current", ROOT, Path(sys.executable), args.steps, overrides, Path(tmp))
-        base = run_tree("base", tree, python, args.steps, overrides, Path(tmp))
-    report = {
-        "command": bench.command,
-        "base": {"commit": args.base, **summarise(base, args.warmup)},
-        "current": {"commit": bench.git["commit"], **summarise(current, args.warmup)},
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "overrides": overrides,
-    }
-    ratios = {}
-    for key in ("step_s", "learner_s", "wait_rollout_s", "learner_peak_gb"):
-        b, c = report["base"][key], report["current"][key]
-        ratios[key] = c / b if b and c is not None else None
-    report["current_over_base"] = ratios
+        run = run_tree("current", ROOT, Path(sys.executable), args.steps, overrides, Path(tmp))
+        report["current"] = {"commit": bench.git["commit"], **summarise(run, args.warmup)}
+        if variant:
+            run = run_tree("variant", ROOT, Path(sys.executable), args.steps, [*overrides, *variant], Path(tmp))
+            report["variant"] = {"commit": bench.git["commit"], "overrides": variant, **summarise(run, args.warmup)}
+        if args.base != "none":
+            tree, python = base_tree(args.base)
+            run = run_tree("base", tree, python, args.steps, overrides, Path(tmp))
+            report["base"] = {"commit": args.base, **summarise(run, args.warmup)}
+    report["ratios"] = ratios(report)
     print(json.dumps(report, indent=1))
     table = step_table(report)
     bench.store(report, table, [*RECIPE, *QUIET, f"trainer.total_steps={args.steps}", *overrides])

@@ -1,0 +1,38 @@
+"""scripts/bench/step_cost.py's table: each run's means, then every ratio of a later run over an
+earlier one (base, current, variant), whichever runs are present."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("step_cost_bench", ROOT / "scripts" / "bench" / "step_cost.py")
+step_cost = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(step_cost)
+
+
+def run(step, learner, wait, peak):
+    return {"step_s": step, "learner_s": learner, "wait_rollout_s": wait, "learner_peak_gb": peak}
+
+
+def test_the_table_has_every_run_then_every_ratio():
+    report = {"base": run(100.0, 60.0, 40.0, 10.0), "current": run(80.0, 45.0, 35.0, 7.6)}
+    report["variant"] = run(90.0, 55.0, None, 3.8)
+    report["ratios"] = step_cost.ratios(report)
+    table = step_cost.step_table(report)
+    assert [r["tree"] for r in table] == ["base", "current", "variant", "current / base", "variant / base",
+                                          "variant / current"]  # fmt: skip
+    by = {r["tree"]: r for r in table}
+    assert by["current / base"]["step_s"] == 0.8 and by["variant / current"]["learner_peak_gb"] == 0.5
+    assert by["variant / base"]["wait_rollout_s"] is None  # a mean that is missing stays missing
+    assert by["variant"]["learner_peak_gb"] == pytest.approx(3.8)
+
+
+def test_without_a_base_only_the_variant_is_compared_with_current():
+    report = {"current": run(80.0, 45.0, 35.0, 7.6), "variant": run(88.0, 54.0, 34.0, 3.8)}
+    report["ratios"] = step_cost.ratios(report)
+    assert list(report["ratios"]) == ["variant / current"]
+    assert report["ratios"]["variant / current"]["learner_s"] == pytest.approx(1.2)
