@@ -151,6 +151,7 @@ def test_the_step_says_where_the_learners_memory_goes(ray_local, tiny_model_dir)
     assert metrics["learner/forwarded_tokens"] == 7 + 9 + 5 + 3 + 9 + 12 and metrics["learner/padding_tokens"] == 0
 
 
+@pytest.mark.extended  # `make test` stays under 45 min; CI runs the extended part after it
 def test_gradient_checkpointing_gives_the_same_update(ray_local, tiny_model_dir):
     """Recomputing each layer in backward (learner.gradient_checkpointing, one row per micro-batch)
     changes only when activations exist, not the update: fp32, same loss and weights to 1e-6."""
