@@ -91,13 +91,27 @@ def _play(env_cfg: EnvConfig, prompts, seed: int, max_turns: int | None, hinted,
 # ----- the cache ---------------------------------------------------------------------------------
 
 
+# Fields of the base model's JSON files that say how it was made, not what it is: the
+# conversion's seconds (privy_model.json), a loading flag the converter wrote (tokenizer_config).
+# They made the same base model, converted twice, key two caches (a 4-min clone again, its
+# weights byte-identical to the first).
+VOLATILE = {"privy_model.json": ("seconds",), "tokenizer_config.json": ("local_files_only",)}
+
+
 def _model_identity(model_path: Path) -> dict[str, Any]:
-    """The base model's files by name, size and the first MiB's hash (weights change -> new key)."""
+    """The base model's files by name, size and the first MiB's hash (weights change -> new key);
+    the JSON files of ``VOLATILE`` by their content without those fields."""
     out = {}
     for p in sorted(model_path.iterdir()):
-        if p.is_file() and not p.name.startswith("."):
-            with open(p, "rb") as f:
-                out[p.name] = [p.stat().st_size, hashlib.sha1(f.read(1 << 20)).hexdigest()[:12]]
+        if not p.is_file() or p.name.startswith("."):
+            continue
+        if p.name in VOLATILE:
+            data = {k: v for k, v in json.loads(p.read_text()).items() if k not in VOLATILE[p.name]}
+            text = json.dumps(data, sort_keys=True).encode()
+            out[p.name] = [len(text), hashlib.sha1(text).hexdigest()[:12]]
+            continue
+        with open(p, "rb") as f:
+            out[p.name] = [p.stat().st_size, hashlib.sha1(f.read(1 << 20)).hexdigest()[:12]]
     return out
 
 

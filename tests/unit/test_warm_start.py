@@ -305,3 +305,24 @@ def test_a_build_killed_before_its_cleanup_leaves_no_staging_dir_behind(tmp_path
     with build_lock(target):
         assert not stale.exists() and other.exists()
         assert (tmp_path / ".smollm2_135m-search_qa-abc.lock").is_file()
+
+
+def test_the_base_models_identity_ignores_how_it_was_converted(tmp_path):
+    """The same base model converted twice (another conversion time, another loading flag) keys
+    one cache; other weights or another field key another."""
+    import json
+
+    from pipeline.orchestration.warm_start import _model_identity
+
+    def model(name, seconds, local, weights=b"w" * 64, n_params=1):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(weights)
+        (d / "privy_model.json").write_text(json.dumps({"name": "m", "n_params": n_params, "seconds": seconds}))
+        (d / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 8, "local_files_only": local}))
+        return _model_identity(d)
+
+    first = model("a", 20.5, True)
+    assert model("b", 31.1, False) == first
+    assert model("c", 20.5, True, weights=b"v" * 64) != first
+    assert model("d", 20.5, True, n_params=2) != first
