@@ -211,7 +211,7 @@ def _write_summary(run_dir: Path, controller, history: list, seconds: float, cod
         "steps": controller.state.step,
         # False: a signal stopped it before its last step or its final validation; a rerun of
         # scripts/bench/learning.py resumes such a run instead of taking it as a result
-        "finished": done and not controller.final_skipped and controller.state.val_pending is None,
+        "finished": done and controller.state.val_pending is None,  # (a skipped final split is pending too)
         "time_limited": controller.time_limited,  # ended by trainer.time_limit_s before total_steps
         "seconds": seconds,
         "first": history[0] if history else {},

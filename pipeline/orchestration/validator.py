@@ -81,10 +81,7 @@ class Validator:
         splits; None when a stop with a deadline (``stop``) cancels them."""
         t = self.cfg.trainer
         got = await stop.unless_deadline(self.validate(0, notify_method=False)) if t.val_at_start else {}
-        if got is not None and t.total_steps == 0:
-            final = await stop.unless_deadline(self.final(0))
-            got = None if final is None else {**got, **final}
-        return got
+        return await self._with_final(got, 0, stop) if t.total_steps == 0 else got
 
     async def due(self, step: int, last: bool, stop) -> dict[str, float] | None:
         """Step ``step``'s due validation (every ``trainer.val_every`` steps and at the ``last``)
@@ -95,14 +92,20 @@ class Validator:
         got: dict[str, float] | None = {}
         if t.val_every and (step % t.val_every == 0 or last):
             got = await stop.unless_deadline(self.validate(step, last=last))
-        if got is not None and last:
-            final = await stop.unless_deadline(self.final(step))
-            got = None if final is None else {**got, **final}
+        if last:
+            got = await self._with_final(got, step, stop)
         if got is None:
             self.events.record("validation_put_off", step=step)
             print(f"privy-rl: the validation of step {step} is put off to the resumed run (a stop with a deadline)",
                   file=sys.stderr, flush=True)  # fmt: skip
         return got
+
+    async def _with_final(self, got: dict[str, float] | None, step: int, stop) -> dict[str, float] | None:
+        """``got`` and the final splits, or None when either was cancelled by ``stop``'s deadline."""
+        if got is None:
+            return None
+        final = await stop.unless_deadline(self.final(step))
+        return None if final is None else {**got, **final}
 
     def _privileged(self, step: int, pre: str, last: bool) -> bool:
         """Whether this validation replays its tasks with the teacher's context. Under "ends", the

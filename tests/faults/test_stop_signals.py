@@ -214,7 +214,8 @@ def test_sigterm_during_a_validation_saves_the_step_and_the_resumed_run_validate
         run.kill()
     err = run.err
     assert rc == 128 + signal.SIGTERM, err[-3000:]
-    assert seconds < 20 + 15, err[-3000:]  # the grace, and the actors' shutdown
+    # the grace and the actors' shutdown; waiting for the slowed validation took minutes
+    assert seconds < 20 + 30, err[-3000:]
     assert "the validation of step 2 is put off" in err, err[-3000:]
     assert _last_line(err).endswith(
         f"step 2 is saved, its validation put off; continue with trainer.resume={run_dir} (they run first)"
