@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,7 +30,8 @@ import torch
 from actors.learner_memory import memory_breakdown, rss_peak_gb
 from actors.learner_setup import copy_tokenizer, ds_config, lr_lambda
 from actors.learner_weights import WeightSource, check_finite
-from pipeline.algorithm.logprobs import forward_response
+from pipeline.algorithm.layer_checkpoint import check_supported
+from pipeline.algorithm.logprobs import decoder_and_head, forward_response
 from pipeline.algorithm.metrics import Metrics, Reduce, Stat, combine, reduce_micro_batches, to_report
 from pipeline.algorithm.objective import denominators, micro_batch_objective
 from pipeline.algorithm.shared_prefix import carried_tokens, forward_shared
@@ -87,7 +89,11 @@ class LearnerWorker(WeightSource):
         self.precision = choose_precision(self.cfg.precision, get_accelerator().device_name())
         torch.manual_seed(self.seed)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        if self.cfg.gradient_checkpointing:  # torch's non-reentrant form: no input needs a grad of its own
+        if self.cfg.gradient_checkpointing and self._shared:
+            # the shared-prefix forward checkpoints layer by layer itself (HF's would drop its caches):
+            # a decoder it cannot run is refused now, at setup, not at the first step
+            check_supported(decoder_and_head(model)[0])
+        elif self.cfg.gradient_checkpointing:  # torch's non-reentrant form: no input needs a grad of its own
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         if self.cfg.offload_optimizer:
@@ -117,9 +123,15 @@ class LearnerWorker(WeightSource):
         return {"learner/setup_seconds": time.time() - t0}
 
     @property
-    def _forward(self):
+    def _shared(self) -> bool:
         """Rows through their shared prefixes (``learner.shared_tokens``), else as given."""
-        return forward_shared if self.cfg.unpadded and self.cfg.shared_tokens else forward_response
+        return bool(self.cfg.unpadded and self.cfg.shared_tokens)
+
+    @property
+    def _forward(self):
+        if self._shared:
+            return partial(forward_shared, checkpoint=self.cfg.gradient_checkpointing)
+        return forward_response
 
     @property
     def module(self) -> torch.nn.Module:
@@ -140,7 +152,7 @@ class LearnerWorker(WeightSource):
         same number. They agree on the largest count and pad with null micro-batches: one row with
         no response token, whose loss is exactly 0 (zero gradients, the collectives still run).
         """
-        if self.cfg.unpadded and self.cfg.shared_tokens:
+        if self._shared:
             mbs = [slice_rows(batch, a, b) for a, b in prefix_runs(batch, self.cfg.shared_tokens)]
         elif self.cfg.unpadded:
             mbs = [slice_rows(batch, i, i + 1) for i in range(batch.n_rows)]
@@ -173,7 +185,7 @@ class LearnerWorker(WeightSource):
         # Rollout workers send CPU tensors; the forward runs where the weights are.
         # rows that share a prefix next to each other (their micro-batches forward it once), or
         # padded micro-batches of rows of like length
-        order = sort_by_tokens if self.cfg.unpadded and self.cfg.shared_tokens else sort_by_length
+        order = sort_by_tokens if self._shared else sort_by_length
         minibatches = [order(to_device(mb, self.device)) for mb in minibatches]
         self._carried, self._skipped = [0, 0], 0
         # Proximal log-probs = the weights before the step's first update. The first mini-batch
@@ -204,7 +216,7 @@ class LearnerWorker(WeightSource):
         parts: dict[str, list[Metrics]] = defaultdict(list)  # metric prefix -> per-micro-batch metrics
         row, nonfinite = 0, 0
         mbs, n_real = self._micro_batches(batch)
-        if self._forward is forward_shared:  # no padding, each shared prefix once
+        if self._shared:  # no padding, each shared prefix once
             real = padded = sum(
                 carried_tokens(mb.input_ids, mb.attention_mask, mb.response_mask) for mb in mbs[:n_real]
             )

@@ -13,6 +13,10 @@ gradient of a loss over all rows reaches a shared edge once, summed over the row
 A row may share only the tokens before the position that predicts its first response token
 (``cap`` = that position): its tail holds every state the loss reads. Rows alone in their tree
 are forwarded whole. ``unique_tokens`` is what such a forward carries (the tree's size).
+
+With ``checkpoint`` every run goes through ``layer_checkpoint.decoder_forward``: each decoder
+layer recomputed in backward, the caches kept, so a micro-batch holds a few KB a token instead of
+its layers' internals (``learner.gradient_checkpointing``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from pipeline.algorithm.layer_checkpoint import check_supported, decoder_forward
 from pipeline.algorithm.logprobs import ResponseForward, check_inputs, decoder_and_head, forward_response, from_hidden
 from pipeline.core.kv_cache import cache_of, with_cache
 
@@ -84,12 +89,14 @@ def forward_shared(
     temperature: float = 1.0,
     with_entropy: bool = True,
     with_logits: bool = False,
+    checkpoint: bool = False,
 ) -> ResponseForward:
-    """``forward_response``'s contract (right-padded rows) through the rows' prefix tree."""
+    """``forward_response``'s contract (right-padded rows) through the rows' prefix tree; with
+    ``checkpoint``, each layer recomputed in backward (a row alone: one run of the whole row)."""
     from transformers import DynamicCache
 
     selected = check_inputs(input_ids, attention_mask, response_mask, temperature)
-    if input_ids.shape[0] == 1:
+    if input_ids.shape[0] == 1 and not checkpoint:
         return forward_response(
             model, input_ids, attention_mask, response_mask,
             temperature=temperature, with_entropy=with_entropy, with_logits=with_logits,
@@ -99,7 +106,11 @@ def forward_shared(
     lengths = attention_mask.sum(1).tolist()
     seqs = [input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
     caps = [int(selected[i].nonzero()[0]) - 1 if selected[i].any() else n for i, n in enumerate(lengths)]
+    if len(seqs) == 1:  # nothing to share: the row is its own tail
+        caps = [0]
     decoder, head = decoder_and_head(model)
+    if checkpoint:
+        check_supported(decoder)
     config = getattr(decoder, "config", None)
     device = input_ids.device
     states: dict[int, torch.Tensor] = {}  # row -> hidden states of its tail [n_tail, H]
@@ -107,6 +118,9 @@ def forward_shared(
     def run(tokens: list[int], start: int, parent: list | None):
         ids = torch.tensor([tokens], dtype=torch.long, device=device)
         pos = torch.arange(start, start + len(tokens), device=device).unsqueeze(0)
+        if checkpoint:
+            hidden, layers = decoder_forward(decoder, ids, pos, parent)
+            return hidden[0], layers
         cache = DynamicCache(ddp_cache_data=parent, config=config) if parent else None
         out = decoder(input_ids=ids, position_ids=pos, use_cache=True, **with_cache(decoder, cache))
         return out.last_hidden_state[0], _layers(cache_of(out))

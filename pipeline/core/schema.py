@@ -105,6 +105,8 @@ class LearnerConfig:
     kl_coef: float = 0.0  # k3 KL to the frozen initial policy; 0 = no reference model
     correction: str = "decoupled"  # off-policy correction: decoupled | tis | none
     behaviour_cap: float = 2.0  # truncation of the behaviour importance weight
+    # each decoder layer recomputed in backward: with shared_tokens, layer by layer on the kept KV
+    # caches (pipeline/algorithm/layer_checkpoint.py, Llama decoders); else HF's own
     gradient_checkpointing: bool = False
     offload_optimizer: bool = False  # ZeRO-2/3: optimizer state in CPU memory
     offload_params: bool = False  # ZeRO-3: parameters in CPU memory

@@ -1,6 +1,6 @@
 """``make train``'s recipe for a few steps on this tree and on an older commit, side by side.
 
-    python scripts/bench/step_cost.py [--base 153028b|none] [--variant "OVERRIDES"] [--steps 4] [--warmup 1]
+    python scripts/bench/step_cost.py [--base 153028b|none] [--variant "OVERRIDES" ...] [--steps 4] [--warmup 1]
         [--out DIR] [overrides...]
 
 Each tree runs ``scripts/train.py +experiment=search_qa_warm_start`` (the same cached clone, seed
@@ -10,10 +10,10 @@ own with a venv of its own, built by that commit's own ``make setup`` (minutes t
 then reused from ``.cache/privy-rl/bench_trees/``). A sampler reads the resident size of each
 run's learner process twice a second. Per tree: seconds per step, the learner's seconds per step
 (``time/train_s``), the rollout wait, tokens forwarded by the learner and its peak resident size;
-then current / base. ``--variant`` adds a run of this tree with more overrides (a setting against
-the default, e.g. gradient checkpointing), compared with current and base; ``--base none`` leaves
-the older commit out. Steps before ``--warmup`` are left out of the means. Run it alone: other
-load on the 2 cores changes every time.
+then current / base. Each ``--variant`` (repeatable) adds a run of this tree with more overrides
+(a setting against the default, e.g. gradient checkpointing), named ``variant``, ``variant2``, ...
+and compared with every other run; ``--base none`` leaves the older commit out. Steps before
+``--warmup`` are left out of the means. Run it alone: other load on the 2 cores changes every time.
 """
 
 from __future__ import annotations
@@ -124,12 +124,14 @@ def summarise(run: dict, warmup: int) -> dict:
 COLUMNS = ("step_s", "learner_s", "wait_rollout_s", "learner_peak_gb")
 
 
-RUNS = ("base", "current", "variant")
+def runs_of(report: dict) -> list[str]:
+    """The runs present, in table order: base, current, then the variants as given."""
+    return [k for k in ("base", "current") if k in report] + [k for k in report if k.startswith("variant")]
 
 
 def ratios(report: dict) -> dict[str, dict]:
     """``a / b`` of each column for every pair of the runs present, later over earlier."""
-    have = [k for k in RUNS if k in report]
+    have = runs_of(report)
     out = {}
     for i, b in enumerate(have):
         for a in have[i + 1 :]:
@@ -145,7 +147,7 @@ def step_table(report: dict) -> list[dict]:
         return None if x is None else round(x, digits)
 
     table = [
-        {"tree": k, **{m: r(report[k][m], 2 if m.endswith("gb") else 1) for m in COLUMNS}} for k in RUNS if k in report
+        {"tree": k, **{m: r(report[k][m], 2 if m.endswith("gb") else 1) for m in COLUMNS}} for k in runs_of(report)
     ]
     table += [{"tree": name, **{m: r(v, 2) for m, v in row.items()}} for name, row in report["ratios"].items()]
     return table
@@ -154,20 +156,22 @@ def step_table(report: dict) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="153028b", help="the older commit (a git ref), or none")
-    ap.add_argument("--variant", default="", help="overrides of a third run of this tree (space-separated)")
+    ap.add_argument(
+        "--variant", action="append", default=[], help="overrides of one more run of this tree (space-separated)"
+    )
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=1, help="steps left out of the means")
     add_out(ap)
     args, overrides = ap.parse_known_args()
     bench = Bench.start(args.out)
-    variant = args.variant.split()
     report = {"command": bench.command, "steps": args.steps, "warmup": args.warmup, "overrides": overrides}
     with tempfile.TemporaryDirectory(prefix="step_cost.") as tmp:
         run = run_tree("current", ROOT, Path(sys.executable), args.steps, overrides, Path(tmp))
         report["current"] = {"commit": bench.git["commit"], **summarise(run, args.warmup)}
-        if variant:
-            run = run_tree("variant", ROOT, Path(sys.executable), args.steps, [*overrides, *variant], Path(tmp))
-            report["variant"] = {"commit": bench.git["commit"], "overrides": variant, **summarise(run, args.warmup)}
+        for k, given in enumerate(args.variant):
+            name, variant = "variant" if k == 0 else f"variant{k + 1}", given.split()
+            run = run_tree(name, ROOT, Path(sys.executable), args.steps, [*overrides, *variant], Path(tmp))
+            report[name] = {"commit": bench.git["commit"], "overrides": variant, **summarise(run, args.warmup)}
         if args.base != "none":
             tree, python = base_tree(args.base)
             run = run_tree("base", tree, python, args.steps, overrides, Path(tmp))

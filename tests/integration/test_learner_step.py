@@ -152,11 +152,13 @@ def test_the_step_says_where_the_learners_memory_goes(ray_local, tiny_model_dir)
 
 
 @pytest.mark.extended  # `make test` stays under 45 min; CI runs the extended part after it
-def test_gradient_checkpointing_gives_the_same_update(ray_local, tiny_model_dir):
-    """Recomputing each layer in backward (learner.gradient_checkpointing, one row per micro-batch)
-    changes only when activations exist, not the update: fp32, same loss and weights to 1e-6."""
+@pytest.mark.parametrize("shared_tokens", [0, 1024])
+def test_gradient_checkpointing_gives_the_same_update(ray_local, tiny_model_dir, shared_tokens):
+    """Recomputing each layer in backward (learner.gradient_checkpointing: HF's with one row per
+    micro-batch, the shared-prefix forward's own layer by layer with shared_tokens) changes only
+    when activations exist, not the update: fp32, same loss and weights to 1e-6."""
     batch, _ = _batch(tiny_model_dir, [(7, 9), (5, 3), (9, 12)], seed=4)
-    base = LearnerConfig(precision="fp32", lr=1e-3, correction="none", shared_tokens=0)
+    base = LearnerConfig(precision="fp32", lr=1e-3, correction="none", shared_tokens=shared_tokens)
     m_plain, w_plain = _train(ray_local, tiny_model_dir, [batch], base)
     m_ckpt, w_ckpt = _train(ray_local, tiny_model_dir, [batch], replace(base, gradient_checkpointing=True))
     assert m_ckpt["policy/loss"] == pytest.approx(m_plain["policy/loss"], rel=1e-6, abs=1e-9)

@@ -36,3 +36,12 @@ def test_without_a_base_only_the_variant_is_compared_with_current():
     report["ratios"] = step_cost.ratios(report)
     assert list(report["ratios"]) == ["variant / current"]
     assert report["ratios"]["variant / current"]["learner_s"] == pytest.approx(1.2)
+
+
+def test_every_variant_is_a_run_of_its_own_compared_with_every_other():
+    report = {"current": run(80.0, 45.0, 35.0, 7.6), "variant": run(88.0, 54.0, 34.0, 4.0)}
+    report["variant2"] = run(70.0, 36.0, 34.0, 4.4)
+    report["ratios"] = step_cost.ratios(report)
+    assert list(report["ratios"]) == ["variant / current", "variant2 / current", "variant2 / variant"]
+    assert [r["tree"] for r in step_cost.step_table(report)][:3] == ["current", "variant", "variant2"]
+    assert report["ratios"]["variant2 / current"]["learner_s"] == pytest.approx(0.8)

@@ -7,6 +7,7 @@ played by a group of three whose replies differ), fp32, to 1e-5."""
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import pytest
 import torch
@@ -78,9 +79,13 @@ def test_one_row_micro_batches_give_the_padded_micro_batches_loss_and_gradients(
     assert unique_tokens(seqs, caps) < 0.6 * sum(map(len, seqs))  # and carry far fewer tokens
     scale = max(w.abs().max().item() for w in want_grads)
     assert scale > 1e-3
-    for cut, forward in ((one_row, forward_response), (shared, forward_shared)):
+    routes = {"one_row": (one_row, forward_response), "shared": (shared, forward_shared)}
+    if env == "search_qa":  # and with each layer recomputed in backward (learner.gradient_checkpointing)
+        checkpointed = partial(forward_shared, checkpoint=True)
+        routes |= {"one_row_checkpointed": (one_row, checkpointed), "shared_checkpointed": (shared, checkpointed)}
+    for name, (cut, forward) in routes.items():
         got, got_grads = _objective_and_gradients(model, batch, cut, forward)
-        assert got == pytest.approx(want, abs=1e-5)
+        assert got == pytest.approx(want, abs=1e-5), name
         assert len(got_grads) == len(want_grads)
         worst = max((g - w).abs().max().item() for g, w in zip(got_grads, want_grads))
-        assert worst < 1e-5, (forward.__name__, worst, scale)
+        assert worst < 1e-5, (name, worst, scale)
