@@ -160,9 +160,10 @@ def _report(check) -> list[str]:
 def test_a_phase_past_its_timeout_is_stopped_and_fails_naming_its_last_detail(tmp_path):
     check = _runner(tmp_path)
     slow = _py("import time; print('DETAIL: warming up', flush=True); time.sleep(60)")
-    assert gpu_check.run_phase(check, gpu_check.Phase("slow", 1, lambda c, s: [slow])) == 124
+    # 5 s: a loaded 2-core machine can take over 1 s to start the child and print its detail
+    assert gpu_check.run_phase(check, gpu_check.Phase("slow", 5, lambda c, s: [slow])) == 124
     [row] = _report(check)
-    assert row.startswith("slow       FAIL") and row.endswith("timed out after 1 s; last: warming up"), row
+    assert row.startswith("slow       FAIL") and row.endswith("timed out after 5 s; last: warming up"), row
     assert check.failed
 
 
