@@ -11,6 +11,7 @@ from actors.engines.base import request_seed
 from actors.turn_batcher import Request, Sampling
 from envs import make_env
 from pipeline.context.providers import StudentView
+from pipeline.context.student_prompts import ContextFull
 from pipeline.core.types import Episode, EpisodeGroup, StopReason, TurnRecord
 
 
@@ -70,7 +71,14 @@ class GroupPlay:
     def _ask(self, i: int) -> None:
         w, ep = self.w, self.episodes[i]
         turn = len(ep.turns)
-        messages, ids, truncated, offered = w.build_prompt(self.envs[i], self.history[i], self.obs[i], turn, self.view)
+        last = ep.turns[-1] if ep.turns else None
+        try:
+            messages, ids, truncated, offered = w.build_prompt(
+                self.envs[i], self.history[i], self.obs[i], turn, self.view, last
+            )
+        except ContextFull:  # env.prompt_format=chat: the episode ends where its context does
+            ep.stop_reason = StopReason.CONTEXT
+            return self._landed(i, ask=False)
         for cid in offered:
             if cid not in ep.context_ids:
                 ep.context_ids.append(cid)

@@ -217,9 +217,7 @@ class LearnerWorker(WeightSource):
         row, nonfinite = 0, 0
         mbs, n_real = self._micro_batches(batch)
         if self._shared:  # no padding, each shared prefix once
-            real = padded = sum(
-                carried_tokens(mb.input_ids, mb.attention_mask, mb.response_mask) for mb in mbs[:n_real]
-            )
+            real = padded = sum(carried_tokens(mb.input_ids, mb.attention_mask) for mb in mbs[:n_real])
         else:
             real, padded = padded_tokens(mbs[:n_real])
         self._carried = [self._carried[0] + real, self._carried[1] + padded]

@@ -34,7 +34,7 @@ from pipeline.context.student_prompts import StudentPrompts
 from pipeline.core.config import EnvConfig, RolloutConfig
 from pipeline.core.errors import WeightsLost
 from pipeline.core.hardware import choose_precision, hardware_info, set_threads
-from pipeline.core.types import Episode, EpisodeGroup, StopReason
+from pipeline.core.types import Episode, EpisodeGroup, StopReason, TurnRecord
 from pipeline.distributed.collective_sync import WeightGroupMember
 from pipeline.distributed.weight_sync import WeightPacket, verify
 
@@ -65,7 +65,10 @@ class RolloutWorker(WeightGroupMember):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.prompts = StudentPrompts(
-            self.tokenizer, max_prompt_tokens=cfg.max_prompt_tokens, history_length=env_cfg.history_length
+            self.tokenizer,
+            max_prompt_tokens=cfg.max_prompt_tokens,
+            history_length=env_cfg.history_length,
+            prompt_format=env_cfg.prompt_format,
         )
         self._pending: tuple[dict, int] | None = None
         self._lock = threading.Lock()  # guards _pending and _received
@@ -178,8 +181,9 @@ class RolloutWorker(WeightGroupMember):
         obs: Observation,
         turn: int = 0,
         view: StudentView | None = None,
+        last: TurnRecord | None = None,
     ):
-        return self.prompts.build(env, history, obs, turn, view)
+        return self.prompts.build(env, history, obs, turn, view, last)
 
     def thinking_tokens(self, response_ids: list[int], text: str) -> int:
         """How many leading response tokens make up ``<think>...</think>`` (0 if no such block)."""

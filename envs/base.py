@@ -85,6 +85,11 @@ class TextEnv(abc.ABC):
         ``history_length`` are shown. The result is what the chat template renders.
         """
 
+    def chat_observation(self, observation: Observation) -> str:
+        """The user message that brings ``observation`` into a conversation
+        (``env.prompt_format=chat``); the task and the instructions are in its first message."""
+        return observation.text
+
     def expert_response(self) -> str | None:
         """The expert's next response for the current state, in the env's strict protocol (what
         a model following the prompt exactly would write), or None where the env has no expert.

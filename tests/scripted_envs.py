@@ -88,10 +88,14 @@ class Steps3Broken(ScriptedSteps):
         return super().step(response)
 
 
-def rollout_worker(tiny_model_dir, env: str, **rollout) -> RolloutWorker:
-    cfg = RolloutConfig(max_new_tokens=6, precision="fp32", max_prompt_tokens=512, **rollout)
+def rollout_worker(tiny_model_dir, env: str, prompt_format: str = "template", **rollout) -> RolloutWorker:
+    rollout = {"max_prompt_tokens": 512, **rollout}
+    cfg = RolloutConfig(max_new_tokens=6, precision="fp32", **rollout)
     return RolloutWorker(
-        cfg, EnvConfig(name=env, history_length=1), str(tiny_model_dir), engine=HFEngine.from_pretrained(tiny_model_dir)
+        cfg,
+        EnvConfig(name=env, history_length=1, prompt_format=prompt_format),
+        str(tiny_model_dir),
+        engine=HFEngine.from_pretrained(tiny_model_dir),
     )
 
 

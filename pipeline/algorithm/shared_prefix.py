@@ -1,18 +1,17 @@
-"""Rows that share a prefix, forwarded once for the prefix: ``forward_response``'s numbers, exactly.
+"""Rows that share a prefix, forwarded once for it: ``forward_response``'s numbers, exactly.
 
-A step's rows repeat each other's beginnings: the episodes of a group share their first prompt,
-and episodes that acted alike share much of their next ones; every row shares the template.
+A step's rows repeat each other: the episodes of a group share their first prompt, episodes that
+acted alike share much of their next ones and often whole replies, every row shares the template,
+and under ``env.prompt_format=chat`` a turn's row is the previous turn's row continued.
 ``forward_shared`` builds the radix tree of the rows' token sequences and runs the decoder once
-per edge of it, each edge on the KV cache of the path above it, then each row's own tail on the
-cache of the node where it leaves the tree (Prefix Grouper, arXiv 2506.05433, in the form of a
-cache tree). Attention of a token to its row's earlier tokens is the same computation either
-way, so every hidden state, log-prob and entropy equals the one of the row forwarded alone; the
-gradient of a loss over all rows reaches a shared edge once, summed over the rows below it
-(autograd adds the contributions through its cached keys and values).
-
-A row may share only the tokens before the position that predicts its first response token
-(``cap`` = that position): its tail holds every state the loss reads. Rows alone in their tree
-are forwarded whole. ``unique_tokens`` is what such a forward carries (the tree's size).
+per edge of it, each edge on the KV cache of the path above it (Prefix Grouper, arXiv 2506.05433,
+in the form of a cache tree). A row's log-probs are read from the hidden states of the edges on
+its path, wherever its response lies: a reply that another row also sampled, or that a later turn
+continues, is forwarded once. Attention of a token to its row's earlier tokens is the same
+computation either way, so every hidden state, log-prob and entropy equals the one of the row
+forwarded alone; the gradient of a loss over all rows reaches a shared edge once, summed over the
+rows that read it or continue below it (autograd adds the contributions through its outputs and
+its cached keys and values). ``unique_tokens`` is what such a forward carries (the tree's size).
 
 With ``checkpoint`` every run goes through ``layer_checkpoint.decoder_forward``: each decoder
 layer recomputed in backward, the caches kept, so a micro-batch holds a few KB a token instead of
@@ -37,47 +36,53 @@ class _Node:
     start: int  # the position of its first token in every row below it
     end: int  # one past its last token (start == end: a node that only splits)
     rows: list[int]  # every row below it (its tokens are theirs)
-    tails: list[int] = field(default_factory=list)  # rows whose shared part ends here
+    ends: list[int] = field(default_factory=list)  # rows whose tokens end here
     children: list[_Node] = field(default_factory=list)
 
 
-def _tree(seqs: list[list[int]], caps: list[int], rows: list[int], start: int) -> _Node:
-    """The radix tree of ``seqs[i][:caps[i]]`` for ``rows``, which share ``[0, start)``."""
+def _tree(seqs: list[list[int]], rows: list[int], start: int) -> _Node:
+    """The radix tree of ``seqs`` for ``rows``, which share ``[0, start)``."""
     end = start
-    while all(caps[i] > end for i in rows) and len({seqs[i][end] for i in rows}) == 1:
+    while all(len(seqs[i]) > end for i in rows) and len({seqs[i][end] for i in rows}) == 1:
         end += 1
-    node = _Node(start, end, rows, tails=[i for i in rows if caps[i] == end])
+    node = _Node(start, end, rows, ends=[i for i in rows if len(seqs[i]) == end])
     by_token: dict[int, list[int]] = defaultdict(list)
     for i in rows:
-        if caps[i] > end:
+        if len(seqs[i]) > end:
             by_token[seqs[i][end]].append(i)
-    node.children = [_tree(seqs, caps, group, end) for group in by_token.values()]
+    node.children = [_tree(seqs, group, end) for group in by_token.values()]
     return node
 
 
-def unique_tokens(seqs: list[list[int]], caps: list[int]) -> int:
-    """Tokens a shared forward of these rows carries: the tree's edges, then every row's tail."""
+def unique_tokens(seqs: list[list[int]]) -> int:
+    """Tokens a shared forward of these rows carries: the size of their radix tree."""
 
     def size(node: _Node) -> int:
         return node.end - node.start + sum(size(c) for c in node.children)
 
-    root = _tree(seqs, caps, list(range(len(seqs))), 0)
-    return size(root) + sum(len(s) - c for s, c in zip(seqs, caps))
+    return size(_tree(seqs, list(range(len(seqs))), 0))
 
 
-def carried_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor) -> int:
+def carried_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
     """The tokens ``forward_shared`` runs through the decoder for these right-padded rows."""
     lengths = attention_mask.sum(1).tolist()
-    if len(lengths) == 1:
-        return int(lengths[0])
-    seqs = [input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
-    first = [(row > 0).nonzero() for row in response_mask]
-    caps = [int(f[0]) - 1 if len(f) else n for f, n in zip(first, lengths)]
-    return unique_tokens(seqs, caps)
+    return unique_tokens([input_ids[i, :n].tolist() for i, n in enumerate(lengths)])
 
 
 def _layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _read(path: list[tuple[int, torch.Tensor]], positions: torch.Tensor) -> torch.Tensor:
+    """The hidden states at ``positions`` (ascending) of a row whose path holds the edges
+    ``(start, states)`` in order. A row with no response reads none, still tied to the graph: a
+    null micro-batch's backward runs the same collectives as a real one."""
+    parts = [path[-1][1][:0]]
+    for start, states in path:
+        inside = positions[(positions >= start) & (positions < start + states.shape[0])]
+        if len(inside):
+            parts.append(states[inside - start])
+    return torch.cat(parts)
 
 
 def forward_shared(
@@ -91,7 +96,7 @@ def forward_shared(
     with_logits: bool = False,
     checkpoint: bool = False,
 ) -> ResponseForward:
-    """``forward_response``'s contract (right-padded rows) through the rows' prefix tree; with
+    """``forward_response``'s contract (right-padded rows) through the rows' radix tree; with
     ``checkpoint``, each layer recomputed in backward (a row alone: one run of the whole row)."""
     from transformers import DynamicCache
 
@@ -105,15 +110,12 @@ def forward_shared(
         raise ValueError("forward_shared takes right-padded rows (attention_mask[:, 0] = 1)")
     lengths = attention_mask.sum(1).tolist()
     seqs = [input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
-    caps = [int(selected[i].nonzero()[0]) - 1 if selected[i].any() else n for i, n in enumerate(lengths)]
-    if len(seqs) == 1:  # nothing to share: the row is its own tail
-        caps = [0]
     decoder, head = decoder_and_head(model)
     if checkpoint:
         check_supported(decoder)
     config = getattr(decoder, "config", None)
     device = input_ids.device
-    states: dict[int, torch.Tensor] = {}  # row -> hidden states of its tail [n_tail, H]
+    states: dict[int, torch.Tensor] = {}  # row -> hidden states at the positions predicting its response
 
     def run(tokens: list[int], start: int, parent: list | None):
         ids = torch.tensor([tokens], dtype=torch.long, device=device)
@@ -125,18 +127,16 @@ def forward_shared(
         out = decoder(input_ids=ids, position_ids=pos, use_cache=True, **with_cache(decoder, cache))
         return out.last_hidden_state[0], _layers(cache_of(out))
 
-    def visit(node: _Node, parent: list | None) -> None:
+    def visit(node: _Node, parent: list | None, path: list[tuple[int, torch.Tensor]]) -> None:
         if node.end > node.start:  # an edge every row below it holds: once for all of them
-            _, parent = run(seqs[node.rows[0]][node.start : node.end], node.start, parent)
-        for i in node.tails:
-            if lengths[i] > caps[i]:
-                states[i], _ = run(seqs[i][caps[i] :], caps[i], parent)
+            hidden, parent = run(seqs[node.rows[0]][node.start : node.end], node.start, parent)
+            path = [*path, (node.start, hidden)]
+        for i in node.ends:
+            states[i] = _read(path, selected[i].nonzero().squeeze(1) - 1)
         for child in node.children:
-            visit(child, parent)
+            visit(child, parent, path)
 
-    visit(_tree(seqs, caps, list(range(len(seqs))), 0), None)
+    visit(_tree(seqs, list(range(len(seqs))), 0), None, [])
     # row-major order, as forward_response's: each row's states at the positions predicting its tokens
-    hidden = torch.cat(
-        [states[r][selected[r].nonzero().squeeze(1) - 1 - caps[r]] for r in range(len(seqs)) if r in states]
-    )
+    hidden = torch.cat([states[r] for r in range(len(seqs))])
     return from_hidden(head, hidden, input_ids, selected, temperature, with_entropy, with_logits)

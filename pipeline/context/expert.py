@@ -27,6 +27,7 @@ def expert_episode(
     None: the prompt is the student's own (the equal-information baseline's demonstrations).
     Rows carry behaviour log-probs 0 and policy version ``version``: no policy sampled them."""
     from pipeline.context.placement import with_privileged
+    from pipeline.context.student_prompts import ContextFull
 
     obs, history, rows, res = env.reset(seed), [], [], None
     hint = env.privileged_hint() if hinted_reply else None
@@ -36,7 +37,11 @@ def expert_episode(
         text = env.hinted_expert_response() if hint else env.expert_response()
         if text is None:  # the expert has nothing more to do (check_launch refuses envs without one)
             break
-        messages, ids, truncated, _ = prompts.build(env, history, obs, turn)
+        try:
+            messages, ids, truncated, _ = prompts.build(env, history, obs, turn, last=rows[-1] if rows else None)
+        except ContextFull:  # env.prompt_format=chat: the conversation no longer fits; not won
+            res = None
+            break
         res = env.step(text)
         if not res.action_valid:
             raise RuntimeError(
@@ -55,7 +60,7 @@ def expert_episode(
             truncated_prompt=truncated,
             step_reward=res.reward,
         )
-        if hint_prompt is not None:
+        if hint_prompt is not None and not (prompts.chat and turn):  # a conversation holds it from turn 0
             teacher, placement = hint_prompt
             row.prompt_ids = teacher.skills_ids(row, hint, placement)
             row.messages = with_privileged(messages, hint, placement, prompts.default_system).messages

@@ -81,13 +81,20 @@ class TeacherPrompts:
         student_text = _render(self.tok, row.messages)
         p, q = _diff(student_text, teacher_text)
         enc = self.tok(student_text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
-        pure = p + q == len(student_text) and ids == list(row.prompt_ids)
+        ids, offsets, own = list(enc["input_ids"]), enc["offset_mapping"], list(row.prompt_ids)
         starts = [s for s, _ in offsets]
-        if pure and (p == len(student_text) or p in starts):
+        if p + q == len(student_text) and (p == len(student_text) or p in starts):
             k = starts.index(p) if p < len(student_text) else len(ids)
             if all(e <= p for _, e in offsets[:k]):
-                return self._check(ids[:k] + self._encode(teacher_text[p : len(teacher_text) - q]) + ids[k:], row)
+                inserted = self._encode(teacher_text[p : len(teacher_text) - q])
+                # The student's ids agree with the text's own before the insertion (a template
+                # prompt, the first messages of a chat one) or after it (the last message of a
+                # chat prompt, whose earlier replies are ids as sampled): they go in unchanged.
+                if own[:k] == ids[:k]:
+                    return self._check(own[:k] + inserted + own[k:], row)
+                after = len(ids) - k
+                if own[len(own) - after :] == ids[k:] and len(own) >= after:
+                    return self._check(own[: len(own) - after] + inserted + own[len(own) - after :], row)
         return self._check(self._encode(teacher_text), row)
 
     def plain_ids(self, row: TurnRecord) -> list[int]:

@@ -22,6 +22,7 @@ from omegaconf import MISSING
 
 from pipeline.core.hardware import PRECISIONS
 from pipeline.core.schema import (
+    PROMPT_FORMATS,
     ClusterConfig,
     EnvConfig,
     LearnerConfig,
@@ -270,6 +271,10 @@ def _check_cluster(cfg: PrivyConfig) -> None:
         "cluster.sync_backend=gloo",
     )
     _require(cfg.env.history_length >= 0, "env.history_length must be >= 0")
+    _require(
+        cfg.env.prompt_format in PROMPT_FORMATS,
+        f"env.prompt_format={cfg.env.prompt_format!r}: choose one of {list(PROMPT_FORMATS)}",
+    )
     _require(
         cfg.logger.wandb_mode in ("offline", "online", "disabled"), "logger.wandb_mode: offline | online | disabled"
     )

@@ -54,21 +54,16 @@ def sort_by_length(batch: TrainBatch) -> TrainBatch:
     return take_rows(batch, order)
 
 
-def _caps_and_seqs(batch: TrainBatch) -> tuple[list[list[int]], list[int]]:
-    """Each row's tokens, and how many of them it may share (those before the position that
-    predicts its first response token; ``pipeline.algorithm.shared_prefix``)."""
-    lengths = row_lengths(batch.attention_mask)
-    seqs = [batch.input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
-    first = [(row > 0).nonzero() for row in batch.response_mask]
-    caps = [int(f[0]) - 1 if len(f) else n for f, n in zip(first, lengths)]
-    return seqs, caps
+def _seqs(batch: TrainBatch) -> list[list[int]]:
+    """Each row's tokens (prompt and response)."""
+    return [batch.input_ids[i, :n].tolist() for i, n in enumerate(row_lengths(batch.attention_mask))]
 
 
 def sort_by_tokens(batch: TrainBatch) -> TrainBatch:
     """The batch's rows in the order of their token ids (stable), so that rows sharing a prefix sit
     together and cut into runs that share it (``prefix_runs``); loss and metrics are sums over
     rows, so the order changes nothing else."""
-    seqs, _ = _caps_and_seqs(batch)
+    seqs = _seqs(batch)
     order = sorted(range(len(seqs)), key=lambda i: seqs[i])
     return batch if order == list(range(len(seqs))) else take_rows(batch, order)
 
@@ -77,13 +72,14 @@ def prefix_runs(batch: TrainBatch, budget: int) -> list[tuple[int, int]]:
     """Row ranges ``[a, b)`` whose rows, forwarded through their shared prefixes, carry at most
     ``budget`` tokens (a row longer than that alone); rows sorted by ``sort_by_tokens``. In
     sorted order the tokens a run carries are its rows' lengths less what each shares with the
-    row before it."""
-    seqs, caps = _caps_and_seqs(batch)
+    row before it (``pipeline.algorithm.shared_prefix.unique_tokens``)."""
+    seqs = _seqs(batch)
     runs, start, cost = [], 0, 0
     for i, s in enumerate(seqs):
         shared = 0
         if i > start:
-            prev, limit = seqs[i - 1], min(caps[i], caps[i - 1])
+            prev = seqs[i - 1]
+            limit = min(len(s), len(prev))
             while shared < limit and s[shared] == prev[shared]:
                 shared += 1
         if i > start and cost + len(s) - shared > budget:

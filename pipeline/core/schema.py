@@ -19,10 +19,16 @@ class ModelConfig:
     chat_template: str | None = None
 
 
+PROMPT_FORMATS = ("template", "chat")  # env.prompt_format
+
+
 @dataclass
 class EnvConfig:
     name: str = "alfworld"  # a registered env (envs/__init__.py)
     history_length: int = 2  # earlier (observation, action) pairs shown in the prompt, >= 0
+    # template: each turn re-renders the task and the last history_length turns (the papers');
+    # chat: the conversation grows by turns, token in, token out (pipeline/context/student_prompts.py)
+    prompt_format: str = "template"
     train_split: str = "train"
     val_split: str = "valid_seen"
     invalid_action_penalty: float | None = None  # None = the env's own default (0.1 ALFWorld)

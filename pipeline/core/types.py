@@ -26,6 +26,7 @@ class StopReason(StrEnum):
     DONE = "done"  # the env ended it without a win (e.g. WebShop buy, Search-R1 answer)
     MAX_TURNS = "max_turns"
     ERROR = "error"  # the env raised or hung (Episode.error says which and why)
+    CONTEXT = "context"  # env.prompt_format=chat: the conversation outgrew rollout.max_prompt_tokens
 
 
 class Placement(StrEnum):

@@ -89,7 +89,10 @@ def _run(cfg: PrivyConfig, run_dir: Path, signals: StopSignals, started_at: floa
             controller.logger.close()
             controller.events.close()
         free_actors(actors)
-    _write_summary(run_dir, controller, history, time.time() - t0, code, cfg.trainer.total_steps)
+    part = {**code, "steps": controller.state.step, "seconds": time.time() - t0}
+    _write_summary(
+        run_dir, controller, history, _parts(run_dir, resume_state is not None, part), cfg.trainer.total_steps
+    )
     _say_if_stopped(cfg, run_dir, controller, signals)
     return history
 
@@ -205,7 +208,19 @@ def _drive(controller, signals: StopSignals, cfg: PrivyConfig, run_dir: Path) ->
         raise RunStopped(abort_line(controller, run_dir, cfg.trainer.total_steps), signum=signals.first) from None
 
 
-def _write_summary(run_dir: Path, controller, history: list, seconds: float, code: dict, total_steps: int) -> None:
+def _parts(run_dir: Path, resumed: bool, this: dict) -> list[dict]:
+    """The invocations a run is made of: a run resumed from its own checkpoint keeps what the
+    summary of its earlier parts says (their commit, tree state, last step and seconds), then this
+    one; a run started afresh is one part."""
+    earlier = run_dir / "summary.json"
+    if not resumed or not earlier.exists():
+        return [this]
+    old = json.loads(earlier.read_text())
+    keep = ("commit", "clean", "steps", "seconds")
+    return [*(old.get("parts") or [{k: old.get(k) for k in keep}]), this]
+
+
+def _write_summary(run_dir: Path, controller, history: list, parts: list[dict], total_steps: int) -> None:
     done = controller.state.step >= total_steps or controller.time_limited
     summary = {
         "steps": controller.state.step,
@@ -213,10 +228,14 @@ def _write_summary(run_dir: Path, controller, history: list, seconds: float, cod
         # scripts/bench/learning.py resumes such a run instead of taking it as a result
         "finished": done and controller.state.val_pending is None,  # (a skipped final split is pending too)
         "time_limited": controller.time_limited,  # ended by trainer.time_limit_s before total_steps
-        "seconds": seconds,
+        "seconds": sum(p["seconds"] or 0.0 for p in parts),  # every part's, a resumed run's too
         "first": history[0] if history else {},
         "last": history[-1] if history else {},
-        **code,  # "commit", "clean": scripts/results.py check reads them per run
+        # "commit", "clean": of this (the last) part; "parts": each invocation's, first to last
+        # (scripts/results.py check reads every part's commit)
+        "commit": parts[-1].get("commit"),
+        "clean": parts[-1].get("clean"),
+        "parts": parts,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
 

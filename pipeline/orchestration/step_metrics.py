@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from pipeline.core.types import EpisodeGroup, criterion_pass_rates
+from pipeline.core.types import EpisodeGroup, StopReason, criterion_pass_rates
 
 
 def teacher_metrics(groups: list[EpisodeGroup], follows_policy: bool) -> dict[str, float]:
@@ -86,6 +86,8 @@ def rollout_metrics(groups: list[EpisodeGroup], invalid_penalty: float) -> dict[
         "rollout/row_score": sum(_row_score(e.reward, t.action_valid, invalid_penalty) for e in eps for t in e.turns)
         / n_rows,
         "rollout/env_errors": float(sum(bool(e.error) for e in eps)),
+        # env.prompt_format=chat: episodes whose conversation outgrew rollout.max_prompt_tokens
+        "rollout/context_full_frac": sum(e.stop_reason is StopReason.CONTEXT for e in eps) / n_eps,
     }
     by_type: dict[str, list[bool]] = defaultdict(list)
     for e in eps:

@@ -128,6 +128,8 @@ def cache_key(cfg: PrivyConfig, model_path: Path) -> dict[str, Any]:
             "options": dict(env.options or {}),
             "history_length": env.history_length,
             "train_split": env.train_split,
+            # only where it is not the default: the caches made before the option keep their keys
+            **({"prompt_format": env.prompt_format} if env.prompt_format != "template" else {}),
         },
         "max_prompt_tokens": cfg.rollout.max_prompt_tokens,
         "micro_batch_tokens": cfg.learner.micro_batch_tokens,
@@ -250,7 +252,10 @@ def _build(cfg: PrivyConfig, model_path: str, out: str) -> dict[str, Any]:
     set_threads(os.cpu_count() or 1)
     tok = load_tokenizer(model_path, cfg.model.chat_template)
     prompts = StudentPrompts(
-        tok, max_prompt_tokens=cfg.rollout.max_prompt_tokens, history_length=cfg.env.history_length
+        tok,
+        max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+        history_length=cfg.env.history_length,
+        prompt_format=cfg.env.prompt_format,
     )
     w: WarmStartConfig = cfg.warm_start
     ex = expert_rows(cfg.env, prompts, w.tasks, hint_placement=w.hint_placement)

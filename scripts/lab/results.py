@@ -71,7 +71,8 @@ class Run:
     steps: int | None = None  # training steps done (summary.json): fewer than asked when time-limited
     outcomes: dict[str, list[float]] = field(default_factory=dict)  # outcome file stem -> won per task
     commit: str | None = None  # the commit the run ran (summary.json; None: not recorded, runs before it was)
-    clean: bool | None = None  # whether that tree had no uncommitted change
+    clean: bool | None = None  # whether that tree had no uncommitted change (every part's)
+    parts: list[str | None] = field(default_factory=list)  # a resumed run's commits, part by part
     env: str | None = None  # the env it trained on (config.yaml's env.name; None: no config stored)
 
     @property
@@ -131,9 +132,15 @@ def _parse_run(name: str, files: Mapping[str, str]) -> Run:
         summary.get("steps"),
         outcomes,
         commit=summary.get("commit"),
-        clean=summary.get("clean"),
+        clean=_clean([p.get("clean") for p in summary["parts"]]) if "parts" in summary else summary.get("clean"),
+        parts=[p.get("commit") for p in summary.get("parts", [])],
         env=((config or {}).get("env") or {}).get("name"),
     )
+
+
+def _clean(parts: list[bool | None]) -> bool | None:
+    """A run's tree state over its parts: unclean if one was, unknown if one is, else clean."""
+    return False if False in parts else None if None in parts else True
 
 
 def load_run(path: Path) -> Run:
@@ -567,8 +574,9 @@ def run_commits(runs: list[Run]) -> tuple[dict[str, list[str]], list[str], list[
     """(commit -> the points that ran it, points that record no commit, points from an unclean tree)."""
     commits: dict[str, list[str]] = {}
     for r in runs:
-        if r.commit:
-            commits.setdefault(r.commit, []).append(r.point)
+        for c in dict.fromkeys(r.parts or [r.commit]):
+            if c:
+                commits.setdefault(c, []).append(r.point)
     return commits, [r.point for r in runs if not r.commit], [r.point for r in runs if r.clean is False]
 
 

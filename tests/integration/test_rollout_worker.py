@@ -76,6 +76,44 @@ def test_groups_in_flight_share_generate_calls_and_each_turn_matches_the_learner
     assert worst < PARITY_ATOL_FP32
 
 
+def test_chat_episodes_continue_their_sampled_ids_and_end_where_the_context_does(tiny_model_dir, v0_state):
+    """``env.prompt_format=chat``: each turn's prompt is the last one's ids and its reply's ids as
+    sampled, then the next observation; the behaviour log-probs still equal the learner's forward
+    of those rows; an episode whose conversation outgrows ``rollout.max_prompt_tokens`` ends
+    there (``StopReason.CONTEXT``), without an error."""
+    from pipeline.algorithm.shared_prefix import unique_tokens
+
+    worker = rollout_worker(tiny_model_dir, "steps3", prompt_format="chat")
+    try:
+        groups = play(worker, 2)
+    finally:
+        worker.close()
+    episodes = [e for g in groups for e in g.episodes]
+    assert all(e.stop_reason is StopReason.WON and len(e.turns) == 3 for e in episodes)
+    for e in episodes:
+        for prev, row in zip(e.turns, e.turns[1:]):
+            said = prev.prompt_ids + prev.response_ids
+            closed = said if prev.response_ids[-1] in worker.prompts.stops else [*said, worker.prompts.end_of_turn]
+            assert row.prompt_ids[: len(closed)] == closed
+        seqs = [t.prompt_ids + t.response_ids for t in e.turns]
+        assert unique_tokens(seqs) == len(seqs[-1])  # the learner carries each token once
+    model = load_model(tiny_model_dir, torch.float32, "cpu")
+    model.load_state_dict(v0_state)
+    rows = [t for e in episodes for t in e.turns]
+    ref = response_logprobs(model.eval(), [t.prompt_ids for t in rows], [t.response_ids for t in rows], temperature=1.0)
+    assert (
+        max((r - torch.tensor(t.behaviour_logprobs)).abs().max().item() for r, t in zip(ref, rows)) < PARITY_ATOL_FP32
+    )
+
+    first = len(episodes[0].turns[0].prompt_ids)
+    worker = rollout_worker(tiny_model_dir, "steps3", prompt_format="chat", max_prompt_tokens=first + 8)
+    try:
+        short = [e for g in play(worker, 1) for e in g.episodes]
+    finally:
+        worker.close()
+    assert all(e.stop_reason is StopReason.CONTEXT and len(e.turns) == 1 and not e.error for e in short)
+
+
 def test_groups_in_lockstep_merge_into_one_call_per_turn(tiny_model_dir):
     """Groups that step their envs while the others generate would alternate for ever, one or two
     groups per call; waiting for the live episodes merges all four (from turn 2 at the latest)."""

@@ -43,6 +43,7 @@ def test_default_config_composes_and_validates():
         ("learner.dual_clip=0.5", "learner.dual_clip"),
         ("trainer.time_limit_s=0", "trainer.time_limit_s"),
         ("trainer.privileged_val=sometimes", "trainer.privileged_val='sometimes': use every or ends"),
+        ("env.prompt_format=chatml", "env.prompt_format='chatml': choose one of"),
     ],
 )
 def test_bad_values_fail_at_launch_naming_the_key(override, words):

@@ -46,9 +46,10 @@ def test_the_default_is_this_checkout():
 
 
 # ----- the results check reads it -------------------------------------------------------------------
-def result_folder(root, commits: dict[str, str | None]):
-    """A learning folder of docs/results whose runs (point -> the commit its summary records) are packed,
-    with its meta and tables, so that only what the runs record can differ."""
+def result_folder(root, commits: dict[str, str | list[dict] | None]):
+    """A learning folder of docs/results whose runs (point -> the commit its summary records, or the
+    parts of a resumed run) are packed, with its meta and tables, so that only what the runs record
+    can differ."""
     import json
 
     from lab import results
@@ -60,6 +61,8 @@ def result_folder(root, commits: dict[str, str | None]):
         d.mkdir(parents=True)
         (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "final/test/success": 0.5}) + "\n")
         summary = {"steps": 1, "seconds": 1.0} if commit is None else {"steps": 1, "commit": commit, "clean": True}
+        if isinstance(commit, list):
+            summary = {"steps": 1, "commit": commit[-1]["commit"], "clean": True, "parts": commit}
         (d / "summary.json").write_text(json.dumps(summary))
     results.pack_runs(folder)
     results.write_meta(folder, REPO, kind="learning", command="python x", baseline="grpo", split="test")
@@ -88,3 +91,30 @@ def test_runs_that_record_no_commit_are_reported_not_refused(tmp_path):
     assert results.commit_notes(tmp_path) == [
         "docs/results/toy: commit unknown for 1 of 2 runs (stored before runs recorded it)"
     ]
+
+
+def test_a_resumed_run_keeps_each_parts_commit_and_seconds_and_the_check_reads_them(tmp_path):
+    import json
+
+    from lab import results
+    from pipeline.orchestration.run import _parts
+
+    run = tmp_path / "run"
+    run.mkdir()
+    first = {"commit": "a" * 40, "clean": True, "steps": 11, "seconds": 1370.0}
+    assert _parts(run, True, first) == [first]  # nothing before it
+    (run / "summary.json").write_text(json.dumps({"steps": 11, "finished": False, **first}))
+    second = {"commit": "b" * 40, "clean": True, "steps": 16, "seconds": 1249.0}
+    assert _parts(run, True, second) == [first, second]
+    assert _parts(run, False, second) == [second]  # started afresh in the same directory: its own
+    (run / "summary.json").write_text(json.dumps({"parts": [first, second]}))
+    third = {"commit": "c" * 40, "clean": False, "steps": 20, "seconds": 5.0}
+    assert _parts(run, True, third) == [first, second, third]
+
+    root = tmp_path / "checkout"
+    root.mkdir()
+    folder = result_folder(root, {"grpo_s0": "a" * 40, "grpo_s1": [{**first}, {**second}]})
+    [problem] = results.check(root)  # one run of two parts is two commits
+    assert "runs come from 2 commits (aaaaaaaa (2 runs), bbbbbbbb (1 runs))" in problem
+    (folder / "README.md").write_text("Commits: seed 1 resumed at bbbbbbbb\n")
+    assert results.check(root) == []
