@@ -6,7 +6,10 @@ their gradients, the torch optimizer's state (Adam's two moments), and DeepSpeed
 process holds beyond them at its peak (``rss_peak``, the largest resident size it ever had) is the
 step's transient memory: activations saved for backward, the logits at the response positions,
 allocator slack, and the Python and library overhead a process has anyway (``rss_start``: before
-the first step, with the model loaded).
+the first step, with the model loaded). Resident size also counts the shared pages the process has
+touched (``rss_shmem``): under ``cluster.weight_sync=object_store`` the weight packets it wrote
+into Ray's object store, a packet a step until the store reuses its space (0.33 GB each for
+SmolLM2-135M in bf16); they are the store's memory, counted once for the node.
 """
 
 from __future__ import annotations
@@ -35,6 +38,18 @@ def rss_peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB
 
 
+def rss_shmem_gb() -> float | None:
+    """The shared memory pages resident in this process now (Linux's RssShmem), None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssShmem:"):
+                    return int(line.split()[1]) * 1024 / GB
+    except OSError:
+        pass
+    return None
+
+
 def memory_breakdown(engine) -> dict[str, float]:
     """GB by kind of tensor the engine holds (see the module docstring)."""
     seen: set[int] = set()
@@ -57,4 +72,7 @@ def memory_breakdown(engine) -> dict[str, float]:
     out["optimizer"] = size(t for state in getattr(inner, "state", {}).values() for t in _tensors(state))
     out["deepspeed"] = size(t for name, value in vars(wrapper).items() if name != "optimizer" for t in _tensors(value))
     out["rss_peak"] = rss_peak_gb()
+    shmem = rss_shmem_gb()
+    if shmem is not None:
+        out["rss_shmem"] = shmem
     return out

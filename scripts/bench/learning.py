@@ -170,6 +170,23 @@ PRESETS = {
             "null_baseline": ["method.lam=0.1"],
         },
     },
+    # make train's recipe in the chat prompt format (issue 41): GRPO from a clone made in that
+    # format, each turn appended to one conversation, a group's conversations in one shared forward
+    # (learner.shared_tokens=4096). make train may switch to it only if its test success over 3
+    # seeds is not below the template's: its pairs are search_qa_methods' GRPO points (the same
+    # seeds, task stream, test questions and step budget).
+    "search_qa_chat": {
+        "methods": ["grpo"],
+        "start": True,
+        "overrides": [
+            "+experiment=search_qa_warm_start",
+            "env.prompt_format=chat",
+            "learner.shared_tokens=4096",
+            "trainer.ckpt_every=4",
+            "trainer.resume=auto",
+            "logger.progress=false",
+        ],
+    },
     # The learning comparison at GPU scale (scripts/gpu_check.sh, phase learning; issues 29, 42): the
     # points of search_qa_methods from the same clone, with the real SmolLM2, run side by side on one
     # GPU (--parallel 21 --time-budget-s: each point trains until the shared time runs out, so

@@ -42,11 +42,14 @@ QUIET = [
 
 
 class LearnerPeak(threading.Thread):
-    """The largest resident size of any ``ray::LearnerActor`` process under ``pid``."""
+    """The largest resident size of any ``ray::LearnerActor`` process under ``pid`` (``peak``), and
+    the largest of its private part (``private``: resident less the pages it shares with other
+    processes, mostly the weight packets it wrote into Ray's object store, which are the store's
+    memory, counted once for the node: /proc's RssAnon)."""
 
     def __init__(self, pid: int):
         super().__init__(daemon=True)
-        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+        self.pid, self.peak, self.private, self.stop = pid, 0, 0, threading.Event()
 
     def run(self) -> None:
         import psutil
@@ -60,7 +63,9 @@ class LearnerPeak(threading.Thread):
             for p in children:
                 try:
                     if " ".join(p.cmdline()).startswith("ray::LearnerActor"):
-                        self.peak = max(self.peak, p.memory_info().rss)
+                        m = p.memory_info()
+                        self.peak = max(self.peak, m.rss)
+                        self.private = max(self.private, m.rss - m.shared)
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
 
@@ -97,6 +102,7 @@ def run_tree(name: str, tree: Path, python: Path, steps: int, overrides: list[st
     return {
         "rows": [r for r in rows if r.get("step", 0) >= 1],
         "learner_peak_gb": peak.peak / 1e9,
+        "learner_private_peak_gb": peak.private / 1e9,
         "wall_s": time.time() - t0,
     }
 
@@ -117,11 +123,12 @@ def summarise(run: dict, warmup: int) -> dict:
         "forwarded_tokens": mean("learner/forwarded_tokens"),
         "padding_tokens": mean("learner/padding_tokens"),
         "learner_peak_gb": run["learner_peak_gb"],
+        "learner_private_peak_gb": run.get("learner_private_peak_gb"),
         "wall_s": run["wall_s"],
     }
 
 
-COLUMNS = ("step_s", "learner_s", "wait_rollout_s", "learner_peak_gb")
+COLUMNS = ("step_s", "learner_s", "wait_rollout_s", "learner_peak_gb", "learner_private_peak_gb")
 
 
 def runs_of(report: dict) -> list[str]:
@@ -136,7 +143,7 @@ def ratios(report: dict) -> dict[str, dict]:
     for i, b in enumerate(have):
         for a in have[i + 1 :]:
             x, y = report[a], report[b]
-            out[f"{a} / {b}"] = {m: (x[m] / y[m] if y[m] and x[m] is not None else None) for m in COLUMNS}
+            out[f"{a} / {b}"] = {m: (x[m] / y[m] if y.get(m) and x.get(m) is not None else None) for m in COLUMNS}
     return out
 
 
@@ -147,7 +154,7 @@ def step_table(report: dict) -> list[dict]:
         return None if x is None else round(x, digits)
 
     table = [
-        {"tree": k, **{m: r(report[k][m], 2 if m.endswith("gb") else 1) for m in COLUMNS}} for k in runs_of(report)
+        {"tree": k, **{m: r(report[k].get(m), 2 if m.endswith("gb") else 1) for m in COLUMNS}} for k in runs_of(report)
     ]
     table += [{"tree": name, **{m: r(v, 2) for m, v in row.items()}} for name, row in report["ratios"].items()]
     return table

@@ -14,13 +14,14 @@ step_cost = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(step_cost)
 
 
-def run(step, learner, wait, peak):
-    return {"step_s": step, "learner_s": learner, "wait_rollout_s": wait, "learner_peak_gb": peak}
+def run(step, learner, wait, peak, private=None):
+    out = {"step_s": step, "learner_s": learner, "wait_rollout_s": wait, "learner_peak_gb": peak}
+    return out if private is None else {**out, "learner_private_peak_gb": private}
 
 
 def test_the_table_has_every_run_then_every_ratio():
-    report = {"base": run(100.0, 60.0, 40.0, 10.0), "current": run(80.0, 45.0, 35.0, 7.6)}
-    report["variant"] = run(90.0, 55.0, None, 3.8)
+    report = {"base": run(100.0, 60.0, 40.0, 10.0), "current": run(80.0, 45.0, 35.0, 7.6, 6.0)}
+    report["variant"] = run(90.0, 55.0, None, 3.8, 3.0)
     report["ratios"] = step_cost.ratios(report)
     table = step_cost.step_table(report)
     assert [r["tree"] for r in table] == ["base", "current", "variant", "current / base", "variant / base",
@@ -29,6 +30,8 @@ def test_the_table_has_every_run_then_every_ratio():
     assert by["current / base"]["step_s"] == 0.8 and by["variant / current"]["learner_peak_gb"] == 0.5
     assert by["variant / base"]["wait_rollout_s"] is None  # a mean that is missing stays missing
     assert by["variant"]["learner_peak_gb"] == pytest.approx(3.8)
+    # the private peak (resident less shared pages): a base stored before it was sampled has none
+    assert by["variant / current"]["learner_private_peak_gb"] == 0.5 and by["base"]["learner_private_peak_gb"] is None
 
 
 def test_without_a_base_only_the_variant_is_compared_with_current():
