@@ -78,12 +78,13 @@ class StudentPrompts:
 
     def follow(self, last, observation: str) -> tuple[list[Message], list[int]]:
         """The chat prompt after ``last``: its prompt and reply ids, the reply closed with the
-        end-of-turn token where the engine stopped it first (``rollout.max_new_tokens``), then
-        the markup and ids of the observation as the next user message."""
+        template's end-of-turn token where it does not end with it (the engine stopped it at
+        ``rollout.max_new_tokens``, or the model ended with EOS alone), then the markup and ids of
+        the observation as the next user message."""
         said = Message(role="assistant", content=last.response_text)
         messages = [*last.messages, said, Message(role="user", content=observation)]
         reply = list(last.response_ids)
-        if not reply or reply[-1] not in self.stops:
+        if not reply or reply[-1] != self.end_of_turn:  # cut by max_new_tokens, or ended by EOS alone
             reply.append(self.end_of_turn)
         ids = [*last.prompt_ids, *reply, *self._next_turn(last.messages, said, observation)]
         if len(ids) > self.max_prompt_tokens:

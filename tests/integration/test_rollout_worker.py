@@ -93,7 +93,8 @@ def test_chat_episodes_continue_their_sampled_ids_and_end_where_the_context_does
     for e in episodes:
         for prev, row in zip(e.turns, e.turns[1:]):
             said = prev.prompt_ids + prev.response_ids
-            closed = said if prev.response_ids[-1] in worker.prompts.stops else [*said, worker.prompts.end_of_turn]
+            eot = worker.prompts.end_of_turn
+            closed = said if prev.response_ids[-1] == eot else [*said, eot]
             assert row.prompt_ids[: len(closed)] == closed
         seqs = [t.prompt_ids + t.response_ids for t in e.turns]
         assert unique_tokens(seqs) == len(seqs[-1])  # the learner carries each token once
