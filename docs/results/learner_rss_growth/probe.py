@@ -80,7 +80,9 @@ for s in range(steps):
     m = w.train_step([b])
     if mode == "trim":
         libc.malloc_trim(0)
-    held = sum(v for k, v in memory_breakdown(w.engine).items() if k in ("parameters", "gradients", "optimizer", "deepspeed"))
+    held = sum(
+        v for k, v in memory_breakdown(w.engine).items() if k in ("parameters", "gradients", "optimizer", "deepspeed")
+    )
     print(
         f"step {s + 1}: {time.time() - t0:.0f} s, {m['learner/forwarded_tokens'][0]:.0f} tokens; anon now "
         f"{status('RssAnon'):.2f} GB, resident peak during the step {state['max']:.2f} GB, tensors held {held:.2f} GB",
