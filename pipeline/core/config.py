@@ -248,6 +248,7 @@ def _check_cluster(cfg: PrivyConfig) -> None:
     _require(c.placement in ("none", "pack", "spread"), f"cluster.placement={c.placement!r}: none | pack | spread")
     _require(not c.colocate or c.placement != "none", "cluster.colocate=true needs cluster.placement=pack or spread")
     _require(c.placement_timeout_s > 0, "cluster.placement_timeout_s must be > 0")
+    _require(c.allocator in ("jemalloc", "system"), f"cluster.allocator={c.allocator!r}: jemalloc | system")
     _require(
         c.weight_sync in ("object_store", "collective"),
         f"cluster.weight_sync={c.weight_sync!r}: object_store | collective",

@@ -8,6 +8,7 @@ runtime env. Users can still override any of them in their environment (only uns
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def runtime_env_defaults() -> dict[str, str]:
@@ -45,6 +46,24 @@ KEYS = (
     "MALLOC_ARENA_MAX",
     "DS_ACCELERATOR",
 )
+
+
+def allocator_env(allocator: str) -> dict[str, str]:
+    """The environment that gives a new process ``cluster.allocator``: for ``jemalloc``, the
+    jemalloc Ray ships with its wheel (``ray/core/libjemalloc.so``, what its own object store
+    runs on) in ``LD_PRELOAD``, so no system package is needed; nothing where Ray has none (a
+    source build, macOS) or for ``system``. An actor's torch frees a step's activations in many
+    sizes; glibc's malloc keeps most of them (a learner's private memory climbed from 5.1 to 7.7 GB
+    over 16 steps with 1.9 GB of tensors held), jemalloc returns them."""
+    if allocator != "jemalloc":
+        return {}
+    import ray
+
+    lib = Path(ray.__file__).parent / "core" / "libjemalloc.so"
+    if not lib.exists():
+        return {}
+    preload = os.environ.get("LD_PRELOAD", "")
+    return {"LD_PRELOAD": str(lib) if not preload else f"{lib}:{preload}" if str(lib) not in preload else preload}
 
 
 def set_process_env() -> dict[str, str]:

@@ -211,6 +211,10 @@ class ClusterConfig:
     num_cpus: int | None = None  # for a local Ray; None = all
     dashboard: bool = False
     threads_per_actor: int | None = None  # torch threads per actor; None = all cores at lag 0, else shared
+    # The actors' malloc (pipeline/core/runtime_env.py): jemalloc = the one Ray ships, preloaded (glibc's
+    # kept each step's freed activations: a learner climbed 2 GB over 16 steps; docs/results/learner_rss_growth);
+    # system = the C library's own
+    allocator: str = "jemalloc"
     # Placement (pipeline/distributed/placement.py): none = let Ray place each actor; pack | spread = one
     # placement group with a bundle per actor; colocate = learners and rollout engines share bundles.
     placement: str = "none"  # none | pack | spread

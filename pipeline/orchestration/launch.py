@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from pipeline.core.config import ConfigError, PrivyConfig
-from pipeline.core.runtime_env import set_process_env
+from pipeline.core.runtime_env import allocator_env, set_process_env
 from pipeline.orchestration.resources import actor_threads, report_hardware, rollout_concurrency
 
 
@@ -156,7 +156,7 @@ def build_actors(cfg: PrivyConfig, model_path: str, method, run_dir: Path | None
     placement reservation. Returns (learner group, worker handles, scorer or None, every Ray
     handle to free at the end, the reservation last)."""
     n_threads = actor_threads(cfg)
-    env = {"OMP_NUM_THREADS": str(n_threads), "MKL_NUM_THREADS": str(n_threads)}
+    env = {"OMP_NUM_THREADS": str(n_threads), "MKL_NUM_THREADS": str(n_threads), **allocator_env(cfg.cluster.allocator)}
     placement = _reserve(cfg, method)
     ranks = _start_learner_ranks(cfg, model_path, placement, env, n_threads)
     workers = _start_rollout_workers(cfg, model_path, placement, env, n_threads)
