@@ -13,11 +13,10 @@ import threading
 import time
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-import torch
 
 from actors.learner_actor import LearnerActor
 from actors.learner_memory import memory_breakdown
-from pipeline.core.types import TrainBatch
+from lab.synthetic import search_qa_batch
 from pipeline.tools.cli import compose
 
 steps, mode = int(sys.argv[1]), sys.argv[2]
@@ -39,32 +38,6 @@ def sampler():
         time.sleep(0.05)
 
 
-def batch(rng):
-    rows = []
-    for _group in range(4):
-        prefix = [rng.randint(10, 49000) for _ in range(250)]
-        for _episode in range(4):
-            rows.append((prefix + [rng.randint(10, 49000) for _ in range(rng.randint(50, 1100))], rng.randint(30, 90)))
-    T = max(len(p) + r for p, r in rows)
-    ids = torch.zeros(len(rows), T, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    resp = torch.zeros(len(rows), T)
-    for i, (p, r) in enumerate(rows):
-        ids[i, : len(p) + r] = torch.tensor(p + [rng.randint(10, 49000) for _ in range(r)])
-        attn[i, : len(p) + r] = 1
-        resp[i, len(p) : len(p) + r] = 1
-    adv = torch.tensor([rng.choice([-1.0, 1.0]) for _ in rows])[:, None].expand(len(rows), T) * resp
-    return TrainBatch(
-        input_ids=ids,
-        attention_mask=attn,
-        response_mask=resp,
-        behaviour_logprobs=torch.full((len(rows), T), -2.0) * resp,
-        advantages=adv.contiguous(),
-        entropy_coef=0.0,
-        versions=[0] * len(rows),
-    )
-
-
 threading.Thread(target=sampler, daemon=True).start()
 cfg = compose(["+experiment=search_qa_warm_start"]).learner
 actor = LearnerActor(
@@ -74,7 +47,7 @@ w = actor.worker
 print(f"setup: anon {status('RssAnon'):.2f} GB, resident {status('VmRSS'):.2f} GB", flush=True)
 rng = random.Random(0)
 for s in range(steps):
-    b = batch(rng)
+    b = search_qa_batch(rng)
     state["max"] = status("VmRSS")
     t0 = time.time()
     m = w.train_step([b])
