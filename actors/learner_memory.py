@@ -38,12 +38,13 @@ def rss_peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB
 
 
-def rss_shmem_gb() -> float | None:
-    """The shared memory pages resident in this process now (Linux's RssShmem), None elsewhere."""
+def status_gb(field: str) -> float | None:
+    """A size field of this process's ``/proc/self/status`` now (``RssAnon``, ``RssShmem``,
+    ``VmRSS``...), in GB; None where there is none (not Linux)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("RssShmem:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024 / GB
     except OSError:
         pass
@@ -72,7 +73,7 @@ def memory_breakdown(engine) -> dict[str, float]:
     out["optimizer"] = size(t for state in getattr(inner, "state", {}).values() for t in _tensors(state))
     out["deepspeed"] = size(t for name, value in vars(wrapper).items() if name != "optimizer" for t in _tensors(value))
     out["rss_peak"] = rss_peak_gb()
-    shmem = rss_shmem_gb()
+    shmem = status_gb("RssShmem")  # the shared pages resident now
     if shmem is not None:
         out["rss_shmem"] = shmem
     return out

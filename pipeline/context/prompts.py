@@ -93,7 +93,7 @@ class TeacherPrompts:
                 if own[:k] == ids[:k]:
                     return self._check(own[:k] + inserted + own[k:], row)
                 after = len(ids) - k
-                if own[len(own) - after :] == ids[k:] and len(own) >= after:
+                if len(own) >= after and own[len(own) - after :] == ids[k:]:
                     return self._check(own[: len(own) - after] + inserted + own[len(own) - after :], row)
         return self._check(self._encode(teacher_text), row)
 

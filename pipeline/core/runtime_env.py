@@ -62,8 +62,8 @@ def allocator_env(allocator: str) -> dict[str, str]:
     lib = Path(ray.__file__).parent / "core" / "libjemalloc.so"
     if not lib.exists():
         return {}
-    preload = os.environ.get("LD_PRELOAD", "")
-    return {"LD_PRELOAD": str(lib) if not preload else f"{lib}:{preload}" if str(lib) not in preload else preload}
+    preload = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p]  # what the user preloads stays
+    return {"LD_PRELOAD": ":".join(preload if str(lib) in preload else [str(lib), *preload])}
 
 
 def set_process_env() -> dict[str, str]:

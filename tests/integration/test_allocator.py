@@ -23,20 +23,16 @@ def test_the_actors_run_on_the_jemalloc_ray_ships_unless_told_otherwise(ray_loca
             many sizes (a step's activations, in small)."""
             import torch
 
-            def anon() -> float:
-                for line in open("/proc/self/status"):
-                    if line.startswith("RssAnon:"):
-                        return int(line.split()[1]) / 1e6
-                return float("nan")
+            from actors.learner_memory import status_gb
 
-            before = anon()
+            before = status_gb("RssAnon")
             kept = []
             for i in range(300):
                 kept.append(torch.ones(1000 + 37 * i, 1000 // (1 + i % 7)))
                 if i % 3 == 0:
                     kept.pop(0)
             del kept
-            return before, anon()
+            return before, status_gb("RssAnon")
 
     env = allocator_env("jemalloc")
     assert env["LD_PRELOAD"].endswith("ray/core/libjemalloc.so")
@@ -61,3 +57,12 @@ def test_a_bad_allocator_fails_at_launch_naming_the_field():
 
     with pytest.raises(ConfigError, match=r"cluster\.allocator='tcmalloc': jemalloc \| system"):
         compose(["cluster.allocator=tcmalloc"])
+
+
+def test_what_the_user_preloads_stays_preloaded(monkeypatch):
+    lib = allocator_env("jemalloc")["LD_PRELOAD"]
+    monkeypatch.setenv("LD_PRELOAD", "/opt/mine.so")
+    assert allocator_env("jemalloc") == {"LD_PRELOAD": f"{lib}:/opt/mine.so"}
+    monkeypatch.setenv("LD_PRELOAD", f"/opt/mine.so:{lib}")  # already there: left as it is
+    assert allocator_env("jemalloc") == {"LD_PRELOAD": f"/opt/mine.so:{lib}"}
+    assert allocator_env("system") == {}

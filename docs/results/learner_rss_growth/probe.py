@@ -16,6 +16,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from actors.learner_actor import LearnerActor
 from actors.learner_memory import memory_breakdown
+from actors.learner_memory import status_gb as status
 from lab.synthetic import search_qa_batch
 from pipeline.tools.cli import compose
 
@@ -23,13 +24,6 @@ steps, mode = int(sys.argv[1]), sys.argv[2]
 libc = ctypes.CDLL("libc.so.6")
 M = os.path.expanduser("~/.cache/privy-rl/warm_start/smollm2_135m-search_qa-208e805ff909")
 state = {"max": 0.0}
-
-
-def status(field: str) -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024 / 1e9
-    return float("nan")
 
 
 def sampler():
