@@ -11,10 +11,11 @@ then reused from ``.cache/privy-rl/bench_trees/``). A sampler reads the resident
 run's learner process twice a second. Per tree: seconds per step, the learner's seconds per step
 (``time/train_s``), the rollout wait, tokens forwarded by the learner and its peak resident size
 with where it went (``learner_memory_gb``: the learner's own count of its tensors at the last
-step, and the rest of the peak); then current / base. Each ``--variant`` (repeatable) adds a run of this tree with more overrides
-(a setting against the default, e.g. gradient checkpointing), named ``variant``, ``variant2``, ...
-and compared with every other run; ``--base none`` leaves the older commit out. Steps before
-``--warmup`` are left out of the means. Run it alone: other load on the 2 cores changes every time.
+step, and the rest of the peak); then current / base. Each ``--variant`` (repeatable) adds a run
+of this tree with more overrides (a setting against the default, e.g. gradient checkpointing),
+named ``variant``, ``variant2``, ... and compared with every other run; ``--base none`` leaves the
+older commit out. Steps before ``--warmup`` are left out of the means. Run it alone: other load on
+the 2 cores changes every time.
 """
 
 from __future__ import annotations
