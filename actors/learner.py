@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from actors.learner_memory import memory_breakdown, rss_peak_gb
-from actors.learner_setup import copy_tokenizer, ds_config, lr_lambda
+from actors.learner_setup import copy_tokenizer, ds_config, lr_lambda, make_optimizer
 from actors.learner_weights import WeightSource, check_finite
 from pipeline.algorithm.layer_checkpoint import check_supported
 from pipeline.algorithm.logprobs import decoder_and_head, forward_response
@@ -96,22 +96,7 @@ class LearnerWorker(WeightSource):
         elif self.cfg.gradient_checkpointing:  # torch's non-reentrant form: no input needs a grad of its own
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-        if self.cfg.offload_optimizer:
-            # DeepSpeed refuses a client torch optimizer with ZeRO-Offload (the CPU step would be
-            # slow); its CPU Adam (JIT-built once, about 30 s) runs the same AdamW update.
-            from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-            optimizer = DeepSpeedCPUAdam(
-                model.parameters(),
-                lr=self.cfg.lr,
-                betas=tuple(self.cfg.betas),
-                weight_decay=self.cfg.weight_decay,
-                adamw_mode=True,
-            )
-        else:
-            optimizer = torch.optim.AdamW(
-                model.parameters(), lr=self.cfg.lr, betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay
-            )
+        optimizer = make_optimizer(self.cfg, model.parameters())
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.cfg, self.total_steps))
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config(self.cfg, self.precision.dtype)

@@ -9,11 +9,13 @@ tree after the other, the current one first. The older commit runs from a git wo
 own with a venv of its own, built by that commit's own ``make setup`` (minutes the first time,
 then reused from ``.cache/privy-rl/bench_trees/``). A sampler reads the resident size of each
 run's learner process twice a second. Per tree: seconds per step, the learner's seconds per step
-(``time/train_s``), the rollout wait, tokens forwarded by the learner and its peak resident size;
-then current / base. Each ``--variant`` (repeatable) adds a run of this tree with more overrides
-(a setting against the default, e.g. gradient checkpointing), named ``variant``, ``variant2``, ...
-and compared with every other run; ``--base none`` leaves the older commit out. Steps before
-``--warmup`` are left out of the means. Run it alone: other load on the 2 cores changes every time.
+(``time/train_s``), the rollout wait, tokens forwarded by the learner and its peak resident size
+with where it went (``learner_memory_gb``: the learner's own count of its tensors at the last
+step, and the rest of the peak); then current / base. Each ``--variant`` (repeatable) adds a run
+of this tree with more overrides (a setting against the default, e.g. gradient checkpointing),
+named ``variant``, ``variant2``, ... and compared with every other run; ``--base none`` leaves the
+older commit out. Steps before ``--warmup`` are left out of the means. Run it alone: other load on
+the 2 cores changes every time.
 """
 
 from __future__ import annotations
@@ -125,7 +127,25 @@ def summarise(run: dict, warmup: int) -> dict:
         "learner_peak_gb": run["learner_peak_gb"],
         "learner_private_peak_gb": run.get("learner_private_peak_gb"),
         "wall_s": run["wall_s"],
+        "learner_memory_gb": where_memory_went(run),
     }
+
+
+# the tensors the learner counts itself (actors/learner_memory.py) and the object store's pages
+TENSORS = ("parameters", "gradients", "optimizer", "deepspeed", "rss_shmem")
+
+
+def where_memory_went(run: dict) -> dict | None:
+    """The learner's breakdown at its last step (``learner/memory/*_gb``: parameters, gradients,
+    the optimizer's state, DeepSpeed's own buffers, the shared pages) and ``rest``: the sampled
+    peak less all of them (a step's activations and logits, the libraries, what the allocator
+    keeps). None for a tree that logged no breakdown."""
+    last = next((r for r in reversed(run["rows"]) if "learner/memory/parameters_gb" in r), None)
+    if last is None:
+        return None
+    out = {k[len("learner/memory/") : -len("_gb")]: v for k, v in last.items() if k.startswith("learner/memory/")}
+    out["rest"] = run["learner_peak_gb"] - sum(out.get(k, 0.0) for k in TENSORS)
+    return out
 
 
 COLUMNS = ("step_s", "learner_s", "wait_rollout_s", "learner_peak_gb", "learner_private_peak_gb")

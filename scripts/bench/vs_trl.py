@@ -3,10 +3,10 @@
     make bench-trl ARGS="--steps 7 --out docs/results/vs_trl_<date>"
     .venv-bench/bin/python scripts/bench/vs_trl.py [--steps 7] [--precision fp32|bf16] [--lags 0 1]
         [--engines hf vllm] [--model smollm2_135m|tiny|PATH] [--prompts 8] [--generations 4]
-        [--new-tokens 32] [--temperature 1.0] [--out DIR]
+        [--new-tokens 32] [--temperature 1.0] [--repeats 3] [--no-fused-optimizer] [--out DIR]
     # a check that it runs, in about 2 minutes:
     .venv-bench/bin/python scripts/bench/vs_trl.py --model tiny --steps 2 --prompts 2 --generations 2 \\
-        --new-tokens 8 --lags 0 --out /tmp/vs_trl_tiny
+        --new-tokens 8 --lags 0 --repeats 1 --out /tmp/vs_trl_tiny
 
 **The same work on both sides.** One privy-rl config (``workload_config``: ``env=keyword
 method=grpo`` with the sizes above) is composed on both sides, and both read every setting from it:
@@ -27,8 +27,9 @@ method=grpo`` with the sizes above) is composed on both sides, and both read eve
   reference model (TRL ``beta=0``, privy-rl ``learner.kl_coef=0``), clip 0.2 (TRL ``epsilon``,
   privy-rl ``clip_low/clip_high``), no entropy bonus (privy-rl ``learner.entropy_coef=0``; TRL has
   none), no gradient checkpointing (TRL's default is on: turned off, as privy-rl's learner), torch
-  AdamW with privy-rl's lr, betas, eps 1e-8, weight decay, grad-norm clip and a constant lr (TRL's
-  default schedule decays linearly: set to constant). TRL's loss aggregation stays its default
+  AdamW, fused on both sides (``--no-fused-optimizer``: the per-tensor loop on both), with
+  privy-rl's lr, betas, eps 1e-8, weight decay, grad-norm clip and a constant lr (TRL's default
+  schedule decays linearly: set to constant). TRL's loss aggregation stays its default
   (``dapo``), privy-rl's its own: the same tokens are scored either way;
 - *precision*: chosen once by ``--precision``, the default being what both run natively on this
   CPU (``pipeline/core/hardware.py`` ``choose_precision("auto")``: bf16 only with avx512_bf16 or
@@ -36,6 +37,11 @@ method=grpo`` with the sizes above) is composed on both sides, and both read eve
   privy-rl's is bf16 weights in the engine and the learner (fp32 master weights);
 - *threads*: every core. Each side runs in its own subprocess, one after the other, so they never
   share the cores; privy-rl splits them between its actors at lag >= 1 (``actor_threads``).
+
+**Rounds.** ``--repeats N`` (3) runs every side N times, interleaved (TRL, lag 0, lag 1, TRL, ...),
+each in a fresh subprocess. A side's rates pool its rounds' measured steps; each privy-rl / TRL
+ratio is taken within a round (the two runs nearest in time) and the table gives the mean over the
+rounds with its 95% t interval, every round's value kept in ``results.json``.
 
 **What is reported** (``results.json`` and ``results.md`` in ``--out``, with the exact command
 line in ``command.txt``, the git commit, whether the tree was dirty, and the CPU kind: "avx512_bf16"
@@ -101,6 +107,7 @@ class Workload:
     lr: float = 1e-6
     precision: str = "fp32"  # resolved: fp32 | bf16
     seed: int = 0
+    fused_optimizer: bool = True  # torch's fused AdamW on both sides (privy-rl's default, TRL's own)
 
     @property
     def completions_per_step(self) -> int:
@@ -144,9 +151,15 @@ def workload_config(w: Workload, lag: int = 0, engine: str = "hf"):
             "learner.lr_schedule=constant",
             "learner.warmup_steps=0",
             "learner.mini_batches=1",
+            f"learner.fused_optimizer={str(w.fused_optimizer).lower()}",
             "trainer.skip_zero_advantage_rows=false",
         ]
     )
+
+
+def trl_optim(cfg) -> str:
+    """TRL's name for the AdamW kernel privy-rl's learner runs (``learner.fused_optimizer``)."""
+    return "adamw_torch_fused" if cfg.learner.fused_optimizer else "adamw_torch"
 
 
 def model_path(cfg) -> str:
@@ -271,7 +284,7 @@ def run_trl(w: Workload) -> dict:
             learning_rate=lr.lr,
             lr_scheduler_type="constant",
             warmup_steps=0,
-            optim="adamw_torch",
+            optim=trl_optim(cfg),
             adam_beta1=lr.betas[0],
             adam_beta2=lr.betas[1],
             adam_epsilon=ADAM_EPS,
@@ -376,6 +389,49 @@ def summarize(raw: dict) -> dict:
     return out | {key: raw[key] for key in raw if key not in ("completions", "response_tokens")}
 
 
+def pool(rounds: list[dict]) -> dict:
+    """One side over its rounds (``summarize`` of each): rates over every round's measured steps."""
+    first = rounds[0]
+    for s in rounds[1:]:
+        if s["prompts_sha256"] != first["prompts_sha256"] or s["stop_ids"] != first["stop_ids"]:
+            raise SystemExit("two rounds of one side got different prompts or stop ids")
+    sec = sum(s["measured_s"] for s in rounds)
+    done, tokens = sum(s["completions"] for s in rounds), sum(s["response_tokens"] for s in rounds)
+    out = {
+        "rounds": len(rounds),
+        "measured_steps": sum(s["measured_steps"] for s in rounds),
+        "step_s_median": statistics.median(x for s in rounds for x in s["step_s"][1 if len(s["step_s"]) > 1 else 0 :]),
+        "measured_s": sec,
+        "completions": done,
+        "response_tokens": tokens,
+        "completions_per_s": done / sec,
+        "response_tokens_per_s": tokens / sec,
+        "mean_completion_tokens": tokens / done,
+        "reward_mean": statistics.fmean(s["reward_mean"] for s in rounds if s["reward_mean"] is not None),
+        "prompts_sha256": first["prompts_sha256"],
+        "stop_ids": first["stop_ids"],
+    }
+    for key in ("generate_s_median", "wait_rollout_s_median", "train_s_median", "sync_s_median"):
+        if key in first:
+            out[key] = statistics.median(s[key] for s in rounds)
+    return out
+
+
+def round_ratios(side: list[dict], trl: list[dict]) -> dict:
+    """privy-rl / TRL within each round (the two runs nearest in time), then their mean over the
+    rounds with its 95% t interval (``_low``/``_high``: None with one round) and the rounds' values."""
+    from lab.stats import mean_interval
+
+    if len(side) != len(trl):
+        raise ValueError(f"{len(side)} and {len(trl)} rounds: one ratio per round needs both sides in each")
+    out = {}
+    for key in ("per_completion", "per_response_token"):
+        values = [ratios(s, t)[key] for s, t in zip(side, trl)]
+        ci = mean_interval(values)
+        out |= {key: ci.mean, f"{key}_low": ci.low, f"{key}_high": ci.high, f"{key}_rounds": values}
+    return out
+
+
 def ratios(side: dict, trl: dict) -> dict:
     return {
         "per_completion": side["completions_per_s"] / trl["completions_per_s"],
@@ -435,8 +491,14 @@ def markdown(r: dict) -> str:
         f"- Command: `{r['command']}`",
         f"- Workload, identical on both sides: {w['model']}; {w['prompts']} prompts x {w['generations']} completions "
         f"per step, at most {w['new_tokens']} new tokens, temperature {w['temperature']:g}, top-p 1; {w['precision']} "
-        f"({w['precision_reason']}); GRPO, no reference model, no entropy bonus, AdamW lr {w['lr']:g} constant; "
-        f"{w['steps']} steps, the first not counted.",
+        f"({w['precision_reason']}); GRPO, no reference model, no entropy bonus, "
+        f"{'fused ' if w.get('fused_optimizer', False) else ''}AdamW lr {w['lr']:g} constant; "
+        f"{w['steps']} steps, the first not counted"
+        + (
+            f"; {r['repeats']} rounds, interleaved (ratios: mean over rounds [95% t interval])."
+            if r.get("repeats", 1) > 1
+            else "."
+        ),
         f"- Prompts: the first {w['prompts'] * w['steps']} tasks of privy-rl's keyword training stream, "
         f"{w['mean_prompt_tokens']:.1f} tokens on average with the chat template; the ids TRL fed to generate "
         f"were checked equal to privy-rl's (sha256 {w['prompts_sha256'][:16]}...). Stop ids {w['stop_ids']}.",
@@ -450,7 +512,7 @@ def markdown(r: dict) -> str:
         lines.append(
             f"| {side_label(name)} | {s['step_s_median']:.2f} | {s['completions_per_s']:.2f} | "
             f"{s['response_tokens_per_s']:.1f} | {s['mean_completion_tokens']:.1f} | {s['reward_mean']:.3f} | "
-            f"{rat['per_completion']:.2f}x | **{rat['per_response_token']:.2f}x** |"
+            f"{ratio_text(rat, 'per_completion')} | **{ratio_text(rat, 'per_response_token')}** |"
         )
     lines += ["", *("- " + n for n in r["notes"]), ""]
     return "\n".join(lines)
@@ -485,6 +547,19 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32, help="max new tokens per completion")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lags", type=int, nargs="+", default=[0, 1], help="privy-rl's trainer.max_policy_lag values")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds of every side, interleaved; each ratio is paired within its round and the table gives "
+        "their mean with its 95%% t interval (default 3)",
+    )
+    ap.add_argument(
+        "--fused-optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="torch's fused AdamW on both sides (privy-rl learner.fused_optimizer, TRL optim=adamw_torch_fused)",
+    )
     add_out(ap, help="a result folder: results.json, results.md, table.md, meta.json, command.txt")
     ap.add_argument(
         "--privy-python",
@@ -519,6 +594,8 @@ def main() -> None:
         return
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step is not counted)")
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
     choice = choose_precision(args.precision or "auto")
     if choice.warning:
         print(f"warning: {choice.warning}", file=sys.stderr)
@@ -533,41 +610,20 @@ def main() -> None:
         "git": git_state(),
         "cpu": cpu_kind(),
         "workload": asdict(w) | {"precision_reason": choice.reason, "precision_warning": choice.warning},
+        "repeats": args.repeats,
         "sides": {},
         "ratios": {},
         "notes": NOTES,
     }
     sides = [("trl", 0, "")] + [("privy", lag, eng) for eng in args.engines for lag in args.lags]
-    for side, lag, engine in sides:
-        python = {"trl": sys.executable, "hf": args.privy_python, "vllm": args.vllm_python}[engine or side]
-        if not Path(python).exists():
-            raise SystemExit(f"{python} not found (privy-rl's side with rollout={engine}); see --help")
-        cmd = [
-            python,
-            __file__,
-            "--side",
-            side,
-            "--lag",
-            str(lag),
-            "--engine",
-            engine or "hf",
-            "--workload",
-            json.dumps(asdict(w)),
-        ]
-        name = "trl" if side == "trl" else f"privy_{engine}_lag{lag}"
-        print(f"{name}: running ...", file=sys.stderr, flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        if proc.returncode != 0 or not lines:
-            raise SystemExit(f"{name} failed ({proc.returncode}): {proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
-        s = report["sides"][name] = summarize(json.loads(lines[-1][len("RESULT ") :]))
-        print(
-            f"{name}: {s['step_s_median']:.2f} s/step, {s['completions_per_s']:.2f} completions/s, "
-            f"{s['response_tokens_per_s']:.1f} response tokens/s, {s['mean_completion_tokens']:.1f} tokens "
-            "per completion",
-            file=sys.stderr,
-            flush=True,
-        )
+    rounds: dict[str, list[dict]] = {}
+    for k in range(args.repeats):  # interleaved, so that a drift of the machine touches every side
+        for side, lag, engine in sides:
+            name = "trl" if side == "trl" else f"privy_{engine}_lag{lag}"
+            s = run_side(args, w, side, lag, engine, f"{name} (round {k + 1} of {args.repeats})")
+            rounds.setdefault(name, []).append(s)
+    report["rounds"] = rounds
+    report["sides"] = {name: pool(rs) for name, rs in rounds.items()}
     trl = report["sides"]["trl"]
     for name, s in report["sides"].items():
         if s["prompts_sha256"] != trl["prompts_sha256"] or s["stop_ids"] != trl["stop_ids"]:
@@ -576,7 +632,7 @@ def main() -> None:
                 f"{s['prompts_sha256']} {s['stop_ids']} vs {trl['prompts_sha256']} {trl['stop_ids']}"
             )
         if name != "trl":
-            report["ratios"][name] = ratios(s, trl)
+            report["ratios"][name] = round_ratios(rounds[name], rounds["trl"])
     report["workload"] |= {
         "prompts_sha256": trl["prompts_sha256"],
         "stop_ids": trl["stop_ids"],
@@ -586,6 +642,34 @@ def main() -> None:
     bench.store(report, table_rows(report), report["workload"])
     if bench.out:
         (bench.out / "results.md").write_text(markdown(report))
+
+
+def run_side(args, w: Workload, side: str, lag: int, engine: str, label: str) -> dict:
+    """One side in a subprocess of its own venv; its summary (``summarize``)."""
+    python = {"trl": sys.executable, "hf": args.privy_python, "vllm": args.vllm_python}[engine or side]
+    if not Path(python).exists():
+        raise SystemExit(f"{python} not found (privy-rl's side with rollout={engine}); see --help")
+    cmd = [python, __file__, "--side", side, "--lag", str(lag), "--engine", engine or "hf"]
+    cmd += ["--workload", json.dumps(asdict(w))]
+    print(f"{label}: running ...", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"{label} failed ({proc.returncode}): {proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
+    s = summarize(json.loads(lines[-1][len("RESULT ") :]))
+    print(
+        f"{label}: {s['step_s_median']:.2f} s/step, {s['completions_per_s']:.2f} completions/s, "
+        f"{s['response_tokens_per_s']:.1f} response tokens/s, {s['mean_completion_tokens']:.1f} tokens per completion",
+        file=sys.stderr,
+        flush=True,
+    )
+    return s
+
+
+def ratio_text(rat: dict, key: str) -> str:
+    """``1.31x`` or, over several rounds, ``1.31x [1.20, 1.42]``."""
+    low, high = rat.get(f"{key}_low"), rat.get(f"{key}_high")
+    return f"{rat[key]:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low is not None else "")
 
 
 def table_rows(r: dict) -> list[dict]:
@@ -601,8 +685,8 @@ def table_rows(r: dict) -> list[dict]:
                 "response tokens / s": f"{s['response_tokens_per_s']:.1f}",
                 "mean completion (tokens)": f"{s['mean_completion_tokens']:.1f}",
                 "mean reward": f"{s['reward_mean']:.3f}",
-                "vs TRL per completion": f"{rat['per_completion']:.2f}x",
-                "vs TRL per response token": f"{rat['per_response_token']:.2f}x",
+                "vs TRL per completion": ratio_text(rat, "per_completion"),
+                "vs TRL per response token": ratio_text(rat, "per_response_token"),
             }
         )
     return rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.learner_setup import ds_config
+from actors.learner_setup import ds_config, make_optimizer
 from pipeline.core.config import LearnerConfig
 from pipeline.core.microbatch import to_device
 from pipeline.core.types import AuxTerm, Distill, TrainBatch
@@ -20,6 +20,29 @@ def test_ds_config_offloads_only_what_is_asked():
     assert "offload_param" not in opt
     both = ds_config(LearnerConfig(zero_stage=3, offload_optimizer=True, offload_params=True), "bf16")
     assert both["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": True}
+
+
+def _adam_run(cfg: LearnerConfig, steps: int = 3) -> tuple[torch.optim.Optimizer, torch.Tensor]:
+    """``steps`` AdamW updates of one parameter under seeded gradients."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(1000, generator=g))
+    opt = make_optimizer(cfg, [p])
+    for _ in range(steps):
+        p.grad = torch.randn(1000, generator=g)
+        opt.step()
+    return opt, p.detach()
+
+
+def test_the_fused_adamw_is_the_loops_update():
+    """learner.fused_optimizer (default) runs torch's fused AdamW: one pass per element, none of
+    the loop's full-size temporaries (the loop's sqrt and division each allocate a copy of the fp32
+    master, about 1 GB at a 135M model's step). The same update to float rounding."""
+    cfg = LearnerConfig(lr=1e-2, weight_decay=0.1)
+    fused, p_fused = _adam_run(cfg)
+    loop, p_loop = _adam_run(LearnerConfig(lr=1e-2, weight_decay=0.1, fused_optimizer=False))
+    assert fused.defaults["fused"] is True and not loop.defaults["fused"] and not loop.defaults["foreach"]
+    assert torch.allclose(p_fused, p_loop, rtol=0, atol=1e-6)
+    assert not torch.equal(p_fused, _adam_run(cfg, steps=0)[1])  # the steps moved it
 
 
 def _batch(teacher: bool) -> TrainBatch:

@@ -48,3 +48,17 @@ def test_every_variant_is_a_run_of_its_own_compared_with_every_other():
     assert list(report["ratios"]) == ["variant / current", "variant2 / current", "variant2 / variant"]
     assert [r["tree"] for r in step_cost.step_table(report)][:3] == ["current", "variant", "variant2"]
     assert report["ratios"]["variant2 / current"]["learner_s"] == pytest.approx(0.8)
+
+
+def test_a_run_says_where_its_learners_memory_went():
+    """The learner's own breakdown at the last step (learner/memory/*) beside the sampled peak;
+    what no tensor it counts explains (activations, logits, libraries, the allocator's keep) is
+    the rest. A base that logged none has no breakdown."""
+    last = {"step": 3, "time/step_s": 1.0, "learner/memory/parameters_gb": 0.27, "learner/memory/gradients_gb": 0.27,
+            "learner/memory/optimizer_gb": 1.08, "learner/memory/deepspeed_gb": 1.08,
+            "learner/memory/rss_shmem_gb": 0.3, "learner/memory/rss_peak_gb": 4.0}  # fmt: skip
+    raw = {"rows": [{"step": 2, "time/step_s": 1.0}, last], "learner_peak_gb": 4.2, "wall_s": 9.0}
+    mem = step_cost.summarise(raw, warmup=1)["learner_memory_gb"]
+    assert mem["parameters"] == 0.27 and mem["optimizer"] == 1.08 and mem["rss_shmem"] == 0.3
+    assert mem["rest"] == pytest.approx(4.2 - 0.27 - 0.27 - 1.08 - 1.08 - 0.3)
+    assert step_cost.summarise({**raw, "rows": [{"step": 2, "time/step_s": 1.0}]}, 1)["learner_memory_gb"] is None

@@ -81,3 +81,32 @@ def test_the_markdown_names_the_cpu_the_command_and_both_ratios():
     md = vs_trl.markdown(report)
     assert "Some CPU, AVX2 only" in md and "--steps 2" in md and "uncommitted changes to 1" in md
     assert "| privy-rl, HF engine, lag 0 | 1.00 | 4.00 | 60.0 | 15.0 | 0.500 | 2.00x | **3.00x** |" in md
+
+
+def test_rounds_pool_their_measured_steps_and_ratios_pair_within_each_round():
+    """--repeats: each side runs once per round (interleaved); a side's rates pool every round's
+    measured steps, and each ratio is taken within its round (the two runs next to each other in
+    time), then averaged over rounds with its 95% t interval."""
+    trl = [vs_trl.summarize(_raw([9.0, 2.0, 2.0], [100, 40, 40])), vs_trl.summarize(_raw([9.0, 4.0], [100, 40]))]
+    privy = [vs_trl.summarize(_raw([9.0, 1.0, 1.0], [100, 40, 40])), vs_trl.summarize(_raw([9.0, 1.0], [100, 40]))]
+    pooled = vs_trl.pool(trl)
+    assert pooled["rounds"] == 2 and pooled["measured_steps"] == 3
+    assert pooled["completions_per_s"] == pytest.approx(12 / 8)
+    assert pooled["response_tokens_per_s"] == pytest.approx(120 / 8)
+    assert pooled["step_s_median"] == 2.0
+    r = vs_trl.round_ratios(privy, trl)
+    assert r["per_completion_rounds"] == pytest.approx([2.0, 4.0]) and r["per_completion"] == pytest.approx(3.0)
+    assert r["per_completion_low"] < 3.0 < r["per_completion_high"]
+    assert vs_trl.ratio_text(r, "per_completion").startswith("3.00x [")
+    one = vs_trl.round_ratios(privy[:1], trl[:1])
+    assert one["per_response_token"] == pytest.approx(2.0) and one["per_response_token_low"] is None
+    assert vs_trl.ratio_text(one, "per_response_token") == "2.00x"
+    with pytest.raises(ValueError, match="rounds"):
+        vs_trl.round_ratios(privy, trl[:1])
+
+
+def test_trl_runs_the_same_adamw_kernel_as_the_learner():
+    cfg = vs_trl.workload_config(vs_trl.Workload(model="tiny", steps=2, prompts=2))
+    assert cfg.learner.fused_optimizer and vs_trl.trl_optim(cfg) == "adamw_torch_fused"
+    loop = vs_trl.workload_config(vs_trl.Workload(model="tiny", steps=2, prompts=2, fused_optimizer=False))
+    assert vs_trl.trl_optim(loop) == "adamw_torch"
