@@ -114,9 +114,10 @@ class LearnerWorker(WeightSource):
 
     @property
     def _forward(self):
+        chunk = self.cfg.head_chunk_tokens
         if self._shared:
-            return partial(forward_shared, checkpoint=self.cfg.gradient_checkpointing)
-        return forward_response
+            return partial(forward_shared, checkpoint=self.cfg.gradient_checkpointing, head_chunk=chunk)
+        return partial(forward_response, head_chunk=chunk)
 
     @property
     def module(self) -> torch.nn.Module:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from pipeline.core.types import TeacherNeeds, TeacherOutput
 
@@ -91,6 +92,7 @@ def forward_response(
     temperature: float = 1.0,
     with_entropy: bool = True,
     with_logits: bool = False,
+    head_chunk: int = 0,
 ) -> ResponseForward:
     """One forward pass; log-probs (and entropy) of the response tokens only.
 
@@ -109,6 +111,7 @@ def forward_response(
         temperature: divides the logits, matching the sampler's temperature (must be > 0).
         with_entropy: also return the per-token entropy.
         with_logits: also return the selected temperature-scaled logits ``[N_sel, V]``.
+        head_chunk: > 0, the LM head over at most this many tokens at a time (``from_hidden``).
     """
     selected = check_inputs(input_ids, attention_mask, response_mask, temperature)
     decoder, head = decoder_and_head(model)
@@ -120,7 +123,9 @@ def forward_response(
     )
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]  # [B, T, H]
     rows, cols = selected.nonzero(as_tuple=True)  # [N_sel] each, row-major order
-    return from_hidden(head, hidden[rows, cols - 1], input_ids, selected, temperature, with_entropy, with_logits)
+    return from_hidden(
+        head, hidden[rows, cols - 1], input_ids, selected, temperature, with_entropy, with_logits, head_chunk
+    )
 
 
 def check_inputs(input_ids, attention_mask, response_mask, temperature: float) -> torch.Tensor:
@@ -148,21 +153,43 @@ def from_hidden(
     temperature: float,
     with_entropy: bool,
     with_logits: bool,
+    head_chunk: int = 0,
 ) -> ResponseForward:
-    """The LM head at the selected positions only, and what ``forward_response`` returns from it."""
+    """The LM head at the selected positions only, and what ``forward_response`` returns from it.
+    ``head_chunk`` > 0: at most that many tokens through the head at a time, each chunk recomputed
+    in backward, so that one chunk's float32 [tokens, vocab] tensors exist at once instead of the
+    whole micro-batch's (the same numbers; logits asked for come whole)."""
     rows, cols = selected.nonzero(as_tuple=True)
-    logits = head(hidden).float()  # [N_sel, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)  # [N_sel, V]
-    token_logp = logp.gather(-1, input_ids[rows, cols].unsqueeze(-1)).squeeze(-1)  # [N_sel]
+    targets = input_ids[rows, cols]
+    if with_logits or head_chunk <= 0 or hidden.shape[0] <= head_chunk:
+        token_logp, token_entropy, logits = _head(head, hidden, targets, temperature, with_entropy, with_logits)
+    else:
+        parts = [
+            checkpoint(_head, head, h, t, temperature, with_entropy, False, use_reentrant=False)
+            if torch.is_grad_enabled()
+            else _head(head, h, t, temperature, with_entropy, False)
+            for h, t in zip(hidden.split(head_chunk), targets.split(head_chunk))
+        ]
+        token_logp = torch.cat([p[0] for p in parts])
+        token_entropy = torch.cat([p[1] for p in parts]) if with_entropy else None
+        logits = None
     B, T = input_ids.shape
     logprobs = torch.zeros(B, T, dtype=torch.float32, device=hidden.device).index_put((rows, cols), token_logp)
     entropy = None
     if with_entropy:
-        token_entropy = -(logp.exp() * logp).sum(-1)  # [N_sel]
         entropy = torch.zeros(B, T, dtype=torch.float32, device=hidden.device).index_put((rows, cols), token_entropy)
-    return ResponseForward(logprobs=logprobs, entropy=entropy, logits=logits if with_logits else None)
+    return ResponseForward(logprobs=logprobs, entropy=entropy, logits=logits)
+
+
+def _head(head: nn.Module, hidden, targets, temperature: float, with_entropy: bool, with_logits: bool):
+    """(log-prob of each target [N], its entropy [N] or None, the logits [N, V] or None)."""
+    logits = head(hidden).float()  # [N, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)  # [N, V]
+    token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N]
+    token_entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None  # [N]
+    return token_logp, token_entropy, logits if with_logits else None
 
 
 def _padded(items: list[tuple[list[int], list[int]]]):

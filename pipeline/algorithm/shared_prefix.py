@@ -95,6 +95,7 @@ def forward_shared(
     with_entropy: bool = True,
     with_logits: bool = False,
     checkpoint: bool = False,
+    head_chunk: int = 0,
 ) -> ResponseForward:
     """``forward_response``'s contract (right-padded rows) through the rows' radix tree; with
     ``checkpoint``, each layer recomputed in backward (a row alone: one run of the whole row)."""
@@ -104,7 +105,7 @@ def forward_shared(
     if input_ids.shape[0] == 1 and not checkpoint:
         return forward_response(
             model, input_ids, attention_mask, response_mask,
-            temperature=temperature, with_entropy=with_entropy, with_logits=with_logits,
+            temperature=temperature, with_entropy=with_entropy, with_logits=with_logits, head_chunk=head_chunk,
         )  # fmt: skip
     if bool((attention_mask[:, 0] == 0).any()):
         raise ValueError("forward_shared takes right-padded rows (attention_mask[:, 0] = 1)")
@@ -139,4 +140,4 @@ def forward_shared(
     visit(_tree(seqs, list(range(len(seqs))), 0), None, [])
     # row-major order, as forward_response's: each row's states at the positions predicting its tokens
     hidden = torch.cat([states[r] for r in range(len(seqs))])
-    return from_hidden(head, hidden, input_ids, selected, temperature, with_entropy, with_logits)
+    return from_hidden(head, hidden, input_ids, selected, temperature, with_entropy, with_logits, head_chunk)

@@ -114,6 +114,9 @@ class LearnerConfig:
     # each decoder layer recomputed in backward: with shared_tokens, layer by layer on the kept KV
     # caches (pipeline/algorithm/layer_checkpoint.py, Llama decoders); else HF's own
     gradient_checkpointing: bool = False
+    # > 0: the LM head, its float32 log-softmax and entropy over at most this many response tokens
+    # at a time, each chunk recomputed in backward (one chunk's [tokens, vocab] tensors at once)
+    head_chunk_tokens: int = 0
     # torch's fused AdamW: one pass over each element, 8x faster than the loop (false) at 135M
     # parameters, which allocates two fp32 copies of the master weights at every update
     fused_optimizer: bool = True

@@ -167,3 +167,16 @@ def test_gradient_checkpointing_gives_the_same_update(ray_local, tiny_model_dir,
     assert m_ckpt["learner/grad_norm"] == pytest.approx(m_plain["learner/grad_norm"], rel=1e-5)
     worst = max((w_ckpt[k] - w_plain[k]).abs().max().item() for k in w_plain)
     assert worst < 1e-6, f"gradient checkpointing moved the update by {worst:.2e}"
+
+
+@pytest.mark.extended
+def test_the_head_in_chunks_gives_the_same_update(ray_local, tiny_model_dir):
+    """learner.head_chunk_tokens: the LM head over a few response tokens at a time, recomputed in
+    backward, reaches the learner's forward (shared and checkpointed): the same update, fp32."""
+    batch, _ = _batch(tiny_model_dir, [(7, 9), (5, 3), (9, 12)], seed=5)
+    base = LearnerConfig(precision="fp32", lr=1e-3, correction="none", shared_tokens=1024, gradient_checkpointing=True)
+    m_whole, w_whole = _train(ray_local, tiny_model_dir, [batch], base)
+    m_chunk, w_chunk = _train(ray_local, tiny_model_dir, [batch], replace(base, head_chunk_tokens=4))
+    assert m_chunk["policy/loss"] == pytest.approx(m_whole["policy/loss"], rel=1e-6, abs=1e-9)
+    worst = max((w_chunk[k] - w_whole[k]).abs().max().item() for k in w_whole)
+    assert worst < 1e-6, f"the chunked head moved the update by {worst:.2e}"

@@ -111,3 +111,14 @@ def test_lr_schedule_spans_every_optimizer_step_when_a_step_has_several_mini_bat
     assert [cosine(2 * i) for i in range(total)] == pytest.approx([one(i) for i in range(total)])
     warm = lr_lambda(LearnerConfig(warmup_steps=2, mini_batches=k), total)
     assert [warm(i) for i in range(5)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("shared_tokens", [0, 1024])
+def test_the_learners_forward_carries_the_head_chunk(shared_tokens):
+    """learner.head_chunk_tokens reaches the forward the learner runs, shared or row by row (what
+    the chunks give is tested in tests/unit/test_logprobs.py and test_learner_step.py)."""
+    from actors.learner import LearnerWorker
+
+    cfg = LearnerConfig(head_chunk_tokens=16, shared_tokens=shared_tokens)
+    worker = LearnerWorker(cfg, "unused", temperature=1.0, total_steps=1)
+    assert worker._forward.keywords["head_chunk"] == 16

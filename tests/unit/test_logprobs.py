@@ -196,3 +196,42 @@ def test_a_response_token_at_position_zero_is_rejected():
 def test_nonpositive_temperature_is_rejected():
     with pytest.raises(ValueError, match="temperature"):
         forward_response(_tiny("llama"), *_batch(0, "right"), temperature=0.0)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_head_in_chunks_gives_the_same_numbers_and_gradients(tiny_bytes_model_dir, shared):
+    """``head_chunk`` runs the LM head, its float32 log-softmax and entropy over at most that many
+    response tokens at a time, each chunk recomputed in backward: only one chunk's [tokens, vocab]
+    tensors exist at once. The same log-probs, entropies and gradients as the whole head (fp32);
+    logits asked for (a full-KL term) come whole."""
+    from pipeline.algorithm.shared_prefix import forward_shared
+    from pipeline.models import load_model
+
+    model = load_model(tiny_bytes_model_dir, torch.float32).train()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 250, (3, 40), generator=g)
+    attn = torch.ones_like(ids)
+    attn[1, 30:] = 0
+    resp = torch.zeros(3, 40)
+    resp[0, 12:40], resp[1, 5:30], resp[2, 20:40] = 1.0, 1.0, 1.0
+    forward = forward_shared if shared else forward_response
+
+    def run(**kw):
+        model.zero_grad()
+        out = forward(model, ids, attn, resp, temperature=0.7, **kw)
+        (out.logprobs.sum() + 0.1 * out.entropy.sum()).backward()
+        return out, [p.grad.clone() for p in model.parameters()]
+
+    whole, want = run()
+    calls = []
+    handle = model.lm_head.register_forward_hook(lambda _m, inp, _o: calls.append(inp[0].shape[0]))
+    chunked, got = run(head_chunk=16)
+    handle.remove()
+    assert max(calls) <= 16 and sum(calls) >= 2 * 73  # 73 tokens in chunks, forward and recomputation
+    assert torch.allclose(chunked.logprobs, whole.logprobs, atol=1e-6)
+    assert torch.allclose(chunked.entropy, whole.entropy, atol=1e-6)
+    scale = max(x.abs().max().item() for x in want)
+    assert scale > 1e-3 and max((a - b).abs().max().item() for a, b in zip(got, want)) < 1e-5 * max(scale, 1.0)
+    with torch.no_grad():
+        logits = forward(model, ids, attn, resp, head_chunk=16, with_logits=True).logits
+    assert logits.shape == (73, model.config.vocab_size)
