@@ -19,7 +19,10 @@ A preset with ``start`` also evaluates the starting model itself without trainin
 ``--parallel N`` runs up to N points at once on one Ray cluster this script starts (this machine's
 CPUs and GPUs): each point joins it (``cluster.address``) and asks for what its overrides name, so
 that fractional GPUs (``learner.num_gpus=0.03`` ...) let one GPU hold many small runs side by side;
-its output goes to ``OUT/<point>/train.log``. The starting model runs first, alone (it builds the
+its actors get the cores / N threads (``cluster.threads_per_actor``, unless given) and its output
+goes to ``OUT/<point>/train.log``. SIGTERM or Ctrl-C to this script reaches every running point
+once: each saves a checkpoint and stops, and the shared cluster ends only after them
+(``lab/children.py``); a rerun resumes them. The starting model runs first, alone (it builds the
 warm start every point reads). ``--time-budget-s S`` bounds the whole comparison: the trained
 points all start at once after the start (``--parallel`` must hold them all) and each trains until
 ``trainer.time_limit_s`` = what is left of S minus ``--reserve-s`` (for its last step, validation
@@ -50,7 +53,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from lab.bench import ROOT, Bench
+from lab.children import Children
 from lab.results import START, TEST_SPLIT, learning_tables, load_run, pack_runs, store_run, write_meta, write_tables
+
+# the points' processes: a stop signal to this script reaches each running point once, and the
+# shared cluster of --parallel ends only after they have saved their checkpoints
+CHILDREN = Children()
 
 
 def _from_clone(env: str, methods: tuple[str, ...] = ("grpo",), **more) -> dict:
@@ -285,12 +293,15 @@ def run_point(
     print(f"learning: {run_dir.name} ...", flush=True)
     if log:
         run_dir.mkdir(parents=True, exist_ok=True)
-        with open(run_dir / "train.log", "w") as f:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        with open(run_dir / "train.log", "a") as f:  # a resumed point's log goes on after its first part
+            code = CHILDREN.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     else:
-        r = subprocess.run(cmd, cwd=ROOT)
-    print(f"learning: {run_dir.name} exit {r.returncode} in {time.time() - t0:.0f} s", flush=True)
-    if r.returncode != 0:
+        code = CHILDREN.run(cmd, cwd=ROOT)
+    if code is None:
+        print(f"learning: {run_dir.name}: not started (stopped)", flush=True)
+        return None
+    print(f"learning: {run_dir.name} exit {code} in {time.time() - t0:.0f} s", flush=True)
+    if code != 0:  # failed, or stopped with a checkpoint (128 + the signal): a rerun resumes it
         return None
     if not keep_checkpoints:  # a finished point's metrics are all the table needs; a checkpoint is GBs
         for ckpt in [run_dir / "checkpoints", *run_dir.glob("*/checkpoints")]:  # and a phase-1 teacher's
@@ -346,13 +357,20 @@ def run_plan(
         def one(point: tuple[str, int, int]) -> Path | None:
             m, s, k = point
             extra = []
+            given = overrides_of(m)
+            if parallel > 1 and not any(o.startswith("cluster.threads_per_actor=") for o in given):
+                # at lag 0 a point has one busy actor at a time (rollout, then learner): N points
+                # side by side share the cores N ways (each actor's default is every core: 2 points
+                # of 2-thread actors on 2 cores, beside a niced pip install, took 233 s for a learner
+                # step of about 35 s alone)
+                extra.append(f"cluster.threads_per_actor={max(1, (os.cpu_count() or 1) // parallel)}")
             if deadline is not None and m != START:
                 left = deadline - time.monotonic() - reserve_s
                 if left <= 0:
                     print(f"learning: {point_name(m, s, k)}: the time budget is spent: not started", flush=True)
                     return None
-                extra = [f"trainer.time_limit_s={left:.0f}"]
-            return run_point(out, m, s, overrides_of(m) + joined + extra, keep_checkpoints, k, log=parallel > 1)
+                extra.append(f"trainer.time_limit_s={left:.0f}")
+            return run_point(out, m, s, given + joined + extra, keep_checkpoints, k, log=parallel > 1)
 
         for p in starts:  # alone: it builds the warm start (cached) that every point reads
             done[p] = one(p)
@@ -422,6 +440,7 @@ def main() -> None:
         help="keep each finished point's checkpoints (about 2 GB each for SmolLM2); default: delete them",
     )
     args, extra = ap.parse_known_args()
+    CHILDREN.install()
     preset = PRESETS[args.preset]
     out = Path(args.out or ROOT / "runs" / "learning" / args.preset)
     out.mkdir(parents=True, exist_ok=True)

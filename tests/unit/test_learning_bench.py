@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import time
 from pathlib import Path
 
@@ -160,9 +161,9 @@ def test_a_finished_point_loses_its_checkpoints_unless_kept_with_a_fake_train_pr
         (run_dir / "phase1_teacher" / "checkpoints" / "step_1").mkdir(parents=True)  # RetireOPD's phase 1
         (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/success": 0.5}) + "\n")
         (run_dir / "summary.json").write_text(json.dumps({"seconds": 3.0}))
-        return type("Done", (), {"returncode": 0})()
+        return 0
 
-    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    monkeypatch.setattr(bench.CHILDREN, "run", fake_run)
     d = bench.run_point(tmp_path, "grpo", 0, [])
     assert d == tmp_path / "grpo_s0" and results.load_run(d).seconds == 3.0
     assert not (tmp_path / "grpo_s0" / "checkpoints").exists()
@@ -188,9 +189,9 @@ def test_a_stopped_point_is_resumed_and_a_finished_one_skipped_with_a_fake_train
         calls.append(cmd)
         run_dir = Path(next(a for a in cmd if a.startswith("trainer.run_dir=")).split("=", 1)[1])
         (run_dir / "summary.json").write_text(json.dumps({"steps": 16, "finished": True, "seconds": 1.0}))
-        return type("Done", (), {"returncode": 0})()
+        return 0
 
-    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    monkeypatch.setattr(bench.CHILDREN, "run", fake_run)
     for name, summary in [("grpo_s0", {"steps": 0, "finished": False}), ("grpo_s1", {"steps": 16, "finished": True}),
                           ("grpo_s2", {"steps": 16})]:  # fmt: skip
         (tmp_path / name).mkdir()
@@ -222,7 +223,7 @@ def test_points_side_by_side_join_one_cluster_start_first_and_share_a_time_budge
         (run_dir / "summary.json").write_text(json.dumps({"seconds": 0.3, "steps": 2}))
         with lock:
             events.append(("end", run_dir.name, cmd))
-        return type("Done", (), {"returncode": 0})()
+        return 0
 
     @contextlib.contextmanager
     def fake_cluster(parallel):
@@ -230,7 +231,7 @@ def test_points_side_by_side_join_one_cluster_start_first_and_share_a_time_budge
         yield "10.0.0.1:6379"
         events.append(("cluster down",))
 
-    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    monkeypatch.setattr(bench.CHILDREN, "run", fake_run)
     monkeypatch.setattr(bench, "shared_cluster", fake_cluster)
     plan = [("start", 0, 1), ("grpo", 0, 1), ("hint_distill", 0, 1), ("grpo", 1, 1)]
     dirs = bench.run_plan(tmp_path, plan, lambda m: [f"+x={m}"], parallel=3, time_budget_s=3600, reserve_s=600)
@@ -242,6 +243,8 @@ def test_points_side_by_side_join_one_cluster_start_first_and_share_a_time_budge
     for e in (e for e in events if e[0] == "end"):
         cmd = e[2]
         assert "cluster.address=10.0.0.1:6379" in cmd
+        # 3 points at once: each actor gets a third of the cores (one busy actor per point at lag 0)
+        assert f"cluster.threads_per_actor={max(1, (os.cpu_count() or 1) // 3)}" in cmd
         limits = [a for a in cmd if a.startswith("trainer.time_limit_s=")]
         if e[1] == "start_s0":
             assert limits == []  # the start is evaluated, never trained
@@ -250,6 +253,11 @@ def test_points_side_by_side_join_one_cluster_start_first_and_share_a_time_budge
     # a budget cannot be shared fairly among points that do not all run at once
     with pytest.raises(SystemExit, match="--parallel 3"):
         bench.run_plan(tmp_path / "b", plan, lambda m: [], parallel=2, time_budget_s=60)
+    # threads the user set are kept
+    events.clear()
+    bench.run_plan(tmp_path / "c", plan[:2], lambda m: ["cluster.threads_per_actor=5"], parallel=2)
+    [cmd] = [e[2] for e in events if e[0] == "end" and e[1] == "grpo_s0"]
+    assert [a for a in cmd if a.startswith("cluster.threads_per_actor=")] == ["cluster.threads_per_actor=5"]
 
 
 def test_time_limited_runs_that_stopped_at_different_steps_show_the_range(tmp_path):
