@@ -157,9 +157,10 @@ PRESETS = {
     #   no control shows a feedback string alone. hint_imitation (the hinted expert's episodes) is
     #   not it: it shows the gold answer, which no teacher here is told.
     # Checkpoints every 4 steps and trainer.resume=auto: a point cut short continues from its last
-    # checkpoint on a rerun (finished points are skipped). Run one point at a time on 2 cores (two
-    # SmolLM2 points do not fit in 24 GB): GRPO's seed 0 took 37 min; a teacher point more (its
-    # scorer's forwards, the privileged replays at steps 0 and 16), retire_opd two phases.
+    # checkpoint on a rerun (finished points are skipped). One point at a time on 2 cores: GRPO's
+    # seed 0 took 37 min; a teacher point more (its scorer's forwards, the privileged replays at
+    # steps 0 and 16), retire_opd two phases. Two GRPO-like points side by side held 12.6 GB of the
+    # machine at most (docs/results/parallel_points); whether that is faster is not measured.
     "search_qa_methods": {
         "methods": ["grpo", "sdar", "targeted_guidance", "retire_opd", "adrs", "null_baseline", "skill_grpo"],
         "start": True,
