@@ -462,6 +462,9 @@ def main() -> None:
         time_budget_s=args.time_budget_s,
         reserve_s=args.reserve_s,
     )
+    if CHILDREN.stopped is not None:  # the points saved their checkpoints; tables wait for the rerun
+        print("learning: stopped; the same command resumes the stopped points and skips the finished", flush=True)
+        sys.exit(128 + CHILDREN.stopped)
     failed = [point_name(m, s, k) for (m, s, k), d in zip(plan, dirs) if d is None]
     runs = [load_run(d) for d in dirs if d is not None]
     try:

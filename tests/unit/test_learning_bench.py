@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -266,3 +267,24 @@ def test_time_limited_runs_that_stopped_at_different_steps_show_the_range(tmp_pa
     write_run(runs, "grpo_s1", [0.2, 0.6], [1, 1, 1, 0])
     [row] = results.learning_tables(results.load_runs(tmp_path))["table"]
     assert row["steps"] == "1-2"
+
+
+def test_a_stopped_comparison_writes_no_tables_and_exits_with_the_signal(tmp_path, monkeypatch):
+    """A stop signal during the points (their checkpoints saved, bench.CHILDREN.stopped set): no
+    table, plot or result folder is written from the points that happened to be finished, and the
+    exit status is the shell's for the signal. run_plan here is a FAKE that records the stop."""
+    monkeypatch.setattr(bench.CHILDREN, "stopped", None)
+    monkeypatch.setattr(bench.CHILDREN, "install", lambda: None)
+
+    def stopped_plan(*_a, **_k):
+        bench.CHILDREN.stopped = 15  # SIGTERM
+        return [None]
+
+    monkeypatch.setattr(bench, "run_plan", stopped_plan)
+    out, res = tmp_path / "out", tmp_path / "res"
+    argv = ["learning.py", "--preset", "search_qa_methods", "--methods", "grpo", "--seeds", "0"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--out", str(out), "--results", str(res), "--start-only"])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 128 + 15
+    assert not (out / "table.md").exists() and not (res / "meta.json").exists()
