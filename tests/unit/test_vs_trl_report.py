@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from lab import trl_report
+
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("vs_trl", ROOT / "scripts" / "bench" / "vs_trl.py")
 vs_trl = sys.modules["vs_trl"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
@@ -50,18 +52,18 @@ def _raw(step_s, tokens, n=4):
 
 
 def test_rates_leave_out_the_first_step_and_ratios_come_per_completion_and_per_token():
-    trl = vs_trl.summarize(_raw([9.0, 2.0, 2.0], [100, 40, 40]))  # 10 tokens per completion
-    privy = vs_trl.summarize(_raw([9.0, 1.0, 3.0], [100, 80, 80]))  # 20 tokens per completion
+    trl = trl_report.summarize(_raw([9.0, 2.0, 2.0], [100, 40, 40]))  # 10 tokens per completion
+    privy = trl_report.summarize(_raw([9.0, 1.0, 3.0], [100, 80, 80]))  # 20 tokens per completion
     assert trl["measured_steps"] == 2 and trl["step_s_median"] == 2.0
     assert trl["completions_per_s"] == pytest.approx(8 / 4) and trl["response_tokens_per_s"] == pytest.approx(80 / 4)
     assert trl["mean_completion_tokens"] == 10 and privy["mean_completion_tokens"] == 20
-    r = vs_trl.ratios(privy, trl)
+    r = trl_report.ratios(privy, trl)
     assert r["per_completion"] == pytest.approx(1.0) and r["per_response_token"] == pytest.approx(2.0)
 
 
 def test_the_markdown_names_the_cpu_the_command_and_both_ratios():
-    trl = vs_trl.summarize(_raw([9.0, 2.0], [100, 40]))
-    privy = vs_trl.summarize(_raw([9.0, 1.0], [100, 60]))
+    trl = trl_report.summarize(_raw([9.0, 2.0], [100, 40]))
+    privy = trl_report.summarize(_raw([9.0, 1.0], [100, 60]))
     report = {
         "date": "2026-12-04T00:00:00+00:00",
         "command": "python scripts/bench/vs_trl.py --steps 2",
@@ -75,10 +77,10 @@ def test_the_markdown_names_the_cpu_the_command_and_both_ratios():
             "stop_ids": [2],
         },
         "sides": {"trl": trl, "privy_hf_lag0": privy},
-        "ratios": {"privy_hf_lag0": vs_trl.ratios(privy, trl)},
-        "notes": vs_trl.NOTES,
+        "ratios": {"privy_hf_lag0": trl_report.ratios(privy, trl)},
+        "notes": trl_report.NOTES,
     }
-    md = vs_trl.markdown(report)
+    md = trl_report.markdown(report)
     assert "Some CPU, AVX2 only" in md and "--steps 2" in md and "uncommitted changes to 1" in md
     assert "| privy-rl, HF engine, lag 0 | 1.00 | 4.00 | 60.0 | 15.0 | 0.500 | 2.00x | **3.00x** |" in md
 
@@ -87,22 +89,28 @@ def test_rounds_pool_their_measured_steps_and_ratios_pair_within_each_round():
     """--repeats: each side runs once per round (interleaved); a side's rates pool every round's
     measured steps, and each ratio is taken within its round (the two runs next to each other in
     time), then averaged over rounds with its 95% t interval."""
-    trl = [vs_trl.summarize(_raw([9.0, 2.0, 2.0], [100, 40, 40])), vs_trl.summarize(_raw([9.0, 4.0], [100, 40]))]
-    privy = [vs_trl.summarize(_raw([9.0, 1.0, 1.0], [100, 40, 40])), vs_trl.summarize(_raw([9.0, 1.0], [100, 40]))]
-    pooled = vs_trl.pool(trl)
+    trl = [
+        trl_report.summarize(_raw([9.0, 2.0, 2.0], [100, 40, 40])),
+        trl_report.summarize(_raw([9.0, 4.0], [100, 40])),
+    ]
+    privy = [
+        trl_report.summarize(_raw([9.0, 1.0, 1.0], [100, 40, 40])),
+        trl_report.summarize(_raw([9.0, 1.0], [100, 40])),
+    ]
+    pooled = trl_report.pool(trl)
     assert pooled["rounds"] == 2 and pooled["measured_steps"] == 3
     assert pooled["completions_per_s"] == pytest.approx(12 / 8)
     assert pooled["response_tokens_per_s"] == pytest.approx(120 / 8)
     assert pooled["step_s_median"] == 2.0
-    r = vs_trl.round_ratios(privy, trl)
+    r = trl_report.round_ratios(privy, trl)
     assert r["per_completion_rounds"] == pytest.approx([2.0, 4.0]) and r["per_completion"] == pytest.approx(3.0)
     assert r["per_completion_low"] < 3.0 < r["per_completion_high"]
-    assert vs_trl.ratio_text(r, "per_completion").startswith("3.00x [")
-    one = vs_trl.round_ratios(privy[:1], trl[:1])
+    assert trl_report.ratio_text(r, "per_completion").startswith("3.00x [")
+    one = trl_report.round_ratios(privy[:1], trl[:1])
     assert one["per_response_token"] == pytest.approx(2.0) and one["per_response_token_low"] is None
-    assert vs_trl.ratio_text(one, "per_response_token") == "2.00x"
+    assert trl_report.ratio_text(one, "per_response_token") == "2.00x"
     with pytest.raises(ValueError, match="rounds"):
-        vs_trl.round_ratios(privy, trl[:1])
+        trl_report.round_ratios(privy, trl[:1])
 
 
 def test_trl_runs_the_same_adamw_kernel_as_the_learner():
