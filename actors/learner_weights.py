@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.core.errors import NonFiniteWeights
+from pipeline.distributed.weight_sync import without_aliases
 
 
 def check_finite(sd: dict[str, torch.Tensor], what: str) -> None:
@@ -26,7 +27,8 @@ def check_finite(sd: dict[str, torch.Tensor], what: str) -> None:
 
 class WeightSource:
     def state_dict_for_sync(self, device: str | torch.device = "cpu", copy: bool = True) -> dict[str, torch.Tensor]:
-        """Full fp32 weights on ``device`` (consolidated under ZeRO-3), rank 0 only. Under ZeRO-3
+        """The full weights on ``device`` in the module's dtype (consolidated under ZeRO-3), each
+        storage once (a tied LM head goes under its embedding's name only), rank 0 only. Under ZeRO-3
         every rank must call it (the gather is collective). ``copy=False`` may return the live
         parameters themselves (fine for a read-only use such as a broadcast). Every sync and save
         goes through here, so weights that are not finite stop here (NonFiniteWeights)."""
@@ -34,7 +36,7 @@ class WeightSource:
             sd = self.engine._zero3_consolidated_16bit_state_dict()
         else:
             sd = self.module.state_dict()
-        out = {k: v.detach().to(device, copy=copy) for k, v in (sd or {}).items()}
+        out = {k: v.detach().to(device, copy=copy) for k, v in without_aliases(sd or {}).items()}
         check_finite(out, f"the weights after step {self.version}")
         return out
 

@@ -28,7 +28,7 @@ from pipeline.core.errors import WeightsLost
 from pipeline.core.hardware import choose_precision, hardware_info, set_threads
 from pipeline.core.types import EpisodeGroup, TeacherNeeds, TeacherOutput
 from pipeline.distributed.collective_sync import WeightGroupMember
-from pipeline.distributed.weight_sync import WeightPacket, verify
+from pipeline.distributed.weight_sync import WeightPacket, load_into, verify
 
 
 class TeacherScorerWorker(WeightGroupMember):
@@ -86,7 +86,7 @@ class TeacherScorerWorker(WeightGroupMember):
         if self.engine is not None:
             self.engine.load_state_dict(state_dict, version)
         else:
-            self.model.load_state_dict(state_dict, strict=True)
+            load_into(self.model, state_dict)  # strict on names; a tied head may be left out
         self.version = version
 
     def hardware(self) -> dict:

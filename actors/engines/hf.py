@@ -33,6 +33,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopP
 from actors.engines.base import FinishReason, Generation, GenerationEngine, check_prompts, check_sampling, request_seeds
 from pipeline.core.chat_templates import stop_token_ids
 from pipeline.core.kv_cache import cache_of, with_cache
+from pipeline.distributed.weight_sync import load_into
 from pipeline.models import as_torch_dtype, load_model, load_tokenizer
 
 __all__ = ["HFEngine"]
@@ -230,34 +231,7 @@ class HFEngine(GenerationEngine):
     # ------------------------------------------------------------------------------ weights
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Copy the tensors into the live parameters (cast to the engine's dtype and device).
-
-        Every key must be a model key and every model tensor must be given, except aliases of a
-        given tensor: tied weights (LM head = embeddings) may be sent under either name or both;
-        each storage is copied once, from the first of its names in ``state_dict``.
-        """
-        own = self._model.state_dict()
-        unexpected = sorted(set(state_dict) - set(own))
-        if unexpected:
-            raise KeyError(f"load_state_dict: keys not in the model: {_preview(unexpected)}")
-        given_storage = {own[k].data_ptr() for k in state_dict}
-        missing = sorted(k for k in set(own) - set(state_dict) if own[k].data_ptr() not in given_storage)
-        if missing:
-            raise KeyError(f"load_state_dict: model tensors not given: {_preview(missing)}")
-        for key, value in state_dict.items():
-            if tuple(value.shape) != tuple(own[key].shape):
-                raise ValueError(
-                    f"load_state_dict: {key} has shape {tuple(value.shape)}, model has {tuple(own[key].shape)}"
-                )
-        done: set[int] = set()
-        with torch.no_grad():
-            for key, value in state_dict.items():
-                if own[key].data_ptr() in done:  # a tied alias already copied (first name wins)
-                    continue
-                own[key].copy_(value)  # in place: same storage, no module rebuild
-                done.add(own[key].data_ptr())
+        """Copy the tensors into the live parameters (cast to the engine's dtype and device);
+        strict on names, a tied LM head may be sent under either name or both (``load_into``)."""
+        load_into(self._model, dict(state_dict))
         self._version = int(version)
-
-
-def _preview(keys: list[str], n: int = 5) -> str:
-    return ", ".join(keys[:n]) + (f" ... ({len(keys)} in all)" if len(keys) > n else "")

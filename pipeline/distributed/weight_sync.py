@@ -94,3 +94,46 @@ def verify(packet: WeightPacket, expected_keys: set[str] | None = None) -> None:
     got = _checksum(sd)
     if not checksum_matches(got, packet.checksum):
         raise WeightSyncError(f"weights v{packet.version}: checksum {got} != {packet.checksum}")
+
+
+def without_aliases(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict`` with each storage once, under its first name. A model with tied weights
+    (SmolLM2's LM head is its embedding) lists the shared tensor under both names; sending both
+    copied the embedding (a fifth of SmolLM2-135M) twice into every sync and checkpoint packet."""
+    seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
+    out = {}
+    for name, t in state_dict.items():
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t
+    return out
+
+
+def load_into(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Copy ``state_dict`` into ``model``'s live tensors in place (cast to their dtype and device).
+    Strict on names, like ``load_state_dict(strict=True)``, except that an alias of a given tensor
+    (a tied LM head) may be left out: each storage is copied once, from the first of its names."""
+    own = model.state_dict()
+    unexpected = sorted(set(state_dict) - set(own))
+    if unexpected:
+        raise KeyError(f"weights: names not in the model: {_preview(unexpected)}")
+    given = {own[k].data_ptr() for k in state_dict}
+    missing = sorted(k for k in set(own) - set(state_dict) if own[k].data_ptr() not in given)
+    if missing:
+        raise KeyError(f"weights: model tensors not given: {_preview(missing)}")
+    for key, value in state_dict.items():
+        if tuple(value.shape) != tuple(own[key].shape):
+            raise ValueError(f"weights: {key} has shape {tuple(value.shape)}, the model's is {tuple(own[key].shape)}")
+    done: set[int] = set()
+    with torch.no_grad():
+        for key, value in state_dict.items():
+            if own[key].data_ptr() in done:  # an alias already copied
+                continue
+            own[key].copy_(value)  # in place: same storage, no module rebuild
+            done.add(own[key].data_ptr())
+
+
+def _preview(keys: list[str], n: int = 5) -> str:
+    return ", ".join(keys[:n]) + (f" ... ({len(keys)} in all)" if len(keys) > n else "")

@@ -39,8 +39,10 @@ def load_state_dict(model: str, dtype: torch.dtype) -> tuple[dict[str, torch.Ten
     except Exception as e:  # not cached / no network: same shapes, random values
         m = AutoModelForCausalLM.from_config(smollm2_config())
         source = f"random tensors of SmolLM2-135M's shapes ({type(e).__name__})"
-    # Like the learner's state_dict_for_sync: every state-dict entry, tied aliases included.
-    return {k: v.detach().to(dtype).clone() for k, v in m.state_dict().items()}, source
+    from pipeline.distributed.weight_sync import without_aliases
+
+    # Like the learner's state_dict_for_sync: each storage once (the tied LM head not sent twice).
+    return {k: v.detach().to(dtype).clone() for k, v in without_aliases(m.state_dict()).items()}, source
 
 
 @ray.remote(num_cpus=0)

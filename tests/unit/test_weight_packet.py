@@ -43,3 +43,57 @@ def test_a_corrupted_buffer_is_caught_by_the_checksum():
     back = pickle.loads(data, buffers=raw)
     with pytest.raises(WeightSyncError, match="checksum"):
         verify(back)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from pipeline.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=0, vocab="bytes")
+
+
+def _tied_model(path):
+    from pipeline.models import load_model
+
+    return load_model(path, "float32")
+
+
+def test_a_tied_lm_head_leaves_the_learner_once_and_every_receiver_loads_it(tiny_dir):
+    from pipeline.distributed.weight_sync import load_into, without_aliases
+
+    model = _tied_model(tiny_dir)
+    sd = model.state_dict()
+    assert sd["lm_head.weight"].data_ptr() == sd["model.embed_tokens.weight"].data_ptr()
+    sent = without_aliases(sd)
+    # the first name of each storage stays, its alias goes: the embedding is sent once
+    assert "model.embed_tokens.weight" in sent and "lm_head.weight" not in sent
+    assert len({t.data_ptr() for t in sent.values()}) == len(sent)
+    buffers = []
+    pickle.dumps(pack({k: v.clone() for k, v in sent.items()}, 1), protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == len(sd) - 1
+
+    other = _tied_model(tiny_dir)
+    new = {k: v + 1.0 for k, v in sent.items()}
+    load_into(other, new)
+    got = other.state_dict()
+    for k, v in new.items():
+        assert torch.equal(got[k], v)
+    # still tied, and the head holds the sent embedding
+    assert got["lm_head.weight"].data_ptr() == got["model.embed_tokens.weight"].data_ptr()
+    assert torch.equal(got["lm_head.weight"], new["model.embed_tokens.weight"])
+
+
+def test_loading_refuses_a_missing_tensor_and_an_unknown_name(tiny_dir):
+    from pipeline.distributed.weight_sync import load_into, without_aliases
+
+    model = _tied_model(tiny_dir)
+    sd = without_aliases(model.state_dict())
+    short = dict(sd)
+    short.pop("model.norm.weight")
+    with pytest.raises(KeyError, match="model.norm.weight"):
+        load_into(model, short)
+    with pytest.raises(KeyError, match="nonsense"):
+        load_into(model, {**sd, "nonsense": torch.zeros(1)})
+    bad = {**sd, "model.norm.weight": torch.zeros(3)}
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        load_into(model, bad)
