@@ -9,7 +9,9 @@ function as inputs and the concatenation leaves it as outputs, so a recomputatio
 same tensors instead of extending a shared cache.
 
 What a token keeps between forward and backward: its hidden state at every layer's input (H
-values a layer) and, on an edge other rows continue, its keys and values. A layer's internals
+values a layer) and, on an edge other rows continue, its keys and values, once: an edge's run
+returns its own keys and values beside its path's tensors, and a child reads the path from those
+(concatenated inside its checkpointed layer, a temporary rebuilt in backward). A layer's internals
 (the norms' float32 copies, the MLP's four intermediate tensors: about 28 KB a token a layer for
 SmolLM2 in bf16, docs/results/learner_activations) exist for one layer at a time, in backward.
 
@@ -43,19 +45,30 @@ def check_supported(decoder: nn.Module) -> None:
         )
 
 
-class _LayerCache:
-    """The one method a Llama attention layer calls on its cache: append this step's keys and
-    values to the parent's and return the whole."""
+Chunks = list[tuple[torch.Tensor, torch.Tensor]]  # a layer's (keys, values) per edge of a path, in order
 
-    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None):
-        self.keys, self.values = keys, values
+
+class _LayerCache:
+    """The one method a Llama attention layer calls on its cache: this run's keys and values after
+    the path's. The attention reads the path and the run concatenated (a temporary of this layer,
+    rebuilt in backward); the run keeps only its own keys and values, so a prefix's are held once
+    however many edges below it read them. A cache of the whole path per edge held them again at
+    every edge below: little on make train's rows (a few hundred tokens of keys and values, 23 KB a
+    token over SmolLM2's layers, per internal node), more the deeper the tree (chat-format
+    episodes, whose every turn continues the last)."""
+
+    def __init__(self, past: Chunks):
+        self.past = past
+        self.keys = self.values = None
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
-        if self.keys is not None:
-            keys = torch.cat([self.keys, keys], dim=-2)
-            values = torch.cat([self.values, values], dim=-2)
         self.keys, self.values = keys, values
-        return keys, values
+        if not self.past:
+            return keys, values
+        return (
+            torch.cat([*(k for k, _ in self.past), keys], dim=-2),
+            torch.cat([*(v for _, v in self.past), values], dim=-2),
+        )
 
 
 def _causal_mask(n_new: int, n_past: int, device: torch.device) -> torch.Tensor | None:
@@ -70,29 +83,31 @@ def decoder_forward(
     decoder: nn.Module,
     input_ids: torch.Tensor,  # [1, T] the new tokens
     position_ids: torch.Tensor,  # [1, T]
-    parent: list[tuple[torch.Tensor, torch.Tensor]] | None,  # per layer (keys, values) of the path above
-) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """The final hidden states ``[1, T, H]`` and every layer's (keys, values) of path + new tokens,
-    each layer checkpointed while gradients are on."""
-    n_past = parent[0][0].shape[-2] if parent else 0
+    parent: list[Chunks] | None,  # per layer, the (keys, values) of each edge of the path above
+) -> tuple[torch.Tensor, list[Chunks]]:
+    """The final hidden states ``[1, T, H]`` and, per layer, the path's (keys, values) chunks (the
+    parent's tensors themselves) followed by this run's own, each layer checkpointed while
+    gradients are on."""
+    n_past = sum(k.shape[-2] for k, _ in parent[0]) if parent else 0
     hidden = decoder.embed_tokens(input_ids)
     mask = _causal_mask(input_ids.shape[1], n_past, input_ids.device)
     rotary = decoder.rotary_emb(hidden, position_ids=position_ids)
     layers = []
     for i, layer in enumerate(decoder.layers[: decoder.config.num_hidden_layers]):
 
-        def step(h, keys, values, layer=layer):
-            cache = _LayerCache(keys, values)
+        def step(h, *past, layer=layer):
+            cache = _LayerCache(list(zip(past[0::2], past[1::2])))
             out = layer(
                 h, attention_mask=mask, position_embeddings=rotary, position_ids=position_ids, use_cache=True,
                 **with_cache(layer, cache),
             )  # fmt: skip
             return (out[0] if isinstance(out, tuple) else out), cache.keys, cache.values
 
-        keys, values = parent[i] if parent else (None, None)
+        past = parent[i] if parent else []
+        flat = [t for kv in past for t in kv]  # checkpoint's inputs: references, not copies
         if torch.is_grad_enabled():
-            hidden, keys, values = checkpoint(step, hidden, keys, values, use_reentrant=False)
+            hidden, keys, values = checkpoint(step, hidden, *flat, use_reentrant=False)
         else:
-            hidden, keys, values = step(hidden, keys, values)
-        layers.append((keys, values))
+            hidden, keys, values = step(hidden, *flat)
+        layers.append([*past, (keys, values)])
     return decoder.norm(hidden), layers

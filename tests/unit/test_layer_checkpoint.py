@@ -83,3 +83,27 @@ def test_a_decoder_it_was_not_written_for_is_refused_naming_the_way_out(tiny_byt
         check_supported(decoder_and_head(eager)[0])
     with pytest.raises(NotImplementedError, match="LlamaModel"):
         check_supported(torch.nn.Linear(2, 2))
+
+
+def test_a_run_keeps_its_own_keys_and_values_and_reads_its_parents_without_copying_them(tiny_bytes_model_dir):
+    """What a tree forward holds until backward is each edge's keys and values once: a child run
+    gets its path's tensors themselves and returns them beside its own, not one copy of the path
+    per edge (which held a prefix's keys and values again at every edge below it)."""
+    from pipeline.algorithm.layer_checkpoint import decoder_forward
+
+    model = load_model(tiny_bytes_model_dir, torch.float32).train()
+    decoder, _ = decoder_and_head(model)
+    g = torch.Generator().manual_seed(1)
+    first, second, third = (torch.randint(3, 250, (1, n), generator=g) for n in (9, 5, 4))
+    pos = lambda start, ids: torch.arange(start, start + ids.shape[1]).unsqueeze(0)  # noqa: E731
+    _, a = decoder_forward(decoder, first, pos(0, first), None)
+    _, b = decoder_forward(decoder, second, pos(9, second), a)
+    hidden, c = decoder_forward(decoder, third, pos(14, third), b)
+    for la, lb, lc in zip(a, b, c):
+        assert len(la) == 1 and len(lb) == 2 and len(lc) == 3
+        assert lb[0] is la[0] and lc[0] is la[0] and lc[1] is lb[1]  # the same tensors: no copy
+        assert [k.shape[-2] for k, _ in lc] == [9, 5, 4] and [v.shape[-2] for _, v in lc] == [9, 5, 4]
+    # the same hidden states as the whole sequence in one run
+    whole = torch.cat([first, second, third], 1)
+    want, _ = decoder_forward(decoder, whole, pos(0, whole), None)
+    assert torch.allclose(hidden, want[:, 14:], atol=1e-5)
