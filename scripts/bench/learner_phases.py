@@ -28,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 from lab.bench import ROOT, Bench, add_out
 
@@ -193,7 +192,7 @@ def table(report: dict) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variant", action="append", default=None, help="NAME=OVERRIDES (default: checkpointing, chunked head)")
+    ap.add_argument("--variant", action="append", help="NAME=OVERRIDES (default: checkpointing; with a chunked head)")
     ap.add_argument("--tasks", type=int, default=4)
     ap.add_argument("--group", type=int, default=6)
     ap.add_argument("--steps", type=int, default=2)
