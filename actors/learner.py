@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from actors.learner_memory import memory_breakdown, rss_peak_gb
-from actors.learner_setup import copy_tokenizer, ds_config, lr_lambda, make_optimizer
+from actors.learner_setup import chunk_the_bf16_step, copy_tokenizer, ds_config, lr_lambda, make_optimizer
 from actors.learner_weights import WeightSource, check_finite
 from pipeline.algorithm.layer_checkpoint import check_supported
 from pipeline.algorithm.logprobs import decoder_and_head, forward_response
@@ -72,6 +72,7 @@ class LearnerWorker(WeightSource):
         self.seed = seed
         self.version = 0  # optimizer steps taken = weights version
         self.engine = None
+        self._chunked = False  # learner.optimizer_chunk_mb took effect (setup)
         self.ref_model = None
         self.precision = None  # PrecisionChoice, resolved in setup() where the device is known
         self._carried = [0, 0]  # this step's (attended, padded) tokens through the forward passes
@@ -101,6 +102,7 @@ class LearnerWorker(WeightSource):
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config(self.cfg, self.precision.dtype)
         )
+        self._chunked = chunk_the_bf16_step(self.engine.optimizer, self.cfg.optimizer_chunk_mb)
         if self.cfg.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
             self.ref_model.eval().requires_grad_(False).to(self.device)  # beside the policy
@@ -194,6 +196,8 @@ class LearnerWorker(WeightSource):
         out["learner/memory/rss_start_gb"] = (self._rss_start, Reduce.MAX)
         # Optimizer updates discarded for non-finite gradients (the ranks always agree).
         out["learner/skipped_updates"] = (float(self._skipped), Reduce.FIRST)
+        if self._chunked:  # the updates DeepSpeed's bf16 wrapper made in chunks, since setup
+            out["learner/chunked_optimizer_steps"] = (float(self.engine.optimizer.chunked_steps), Reduce.FIRST)
         return out
 
     def _minibatch(self, batch: TrainBatch, prox_lp: torch.Tensor | None) -> tuple[dict[str, tuple[float, str]], float]:

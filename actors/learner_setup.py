@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -142,3 +143,61 @@ def clear_stale_build_lock(build_dir: Path, *, max_age_s: float = STALE_LOCK_S, 
     print(f"privy-rl: removing {lock}, left {age:.0f} s ago by a build that never finished", flush=True)
     lock.unlink(missing_ok=True)
     return True
+
+
+def chunk_the_bf16_step(optimizer, chunk_mb: float) -> bool:
+    """``learner.optimizer_chunk_mb``: DeepSpeed's bf16 update of a torch optimizer
+    (``FP16_UnfusedOptimizer``, bf16 at ZeRO-0) converts every gradient to fp32 at once, beside the
+    bf16 ones, then steps: 0.54 GB of fp32 gradients for SmolLM2-135M, the checkpointed learner's
+    peak (docs/results/learner_phases). In chunks of at most ``chunk_mb`` MB of fp32 gradients,
+    each chunk's are converted, stepped and dropped (its bf16 ones with them) before the next: the
+    same update (AdamW is per element; the clipping scale is computed from the whole norm first).
+    Returns whether the optimizer was chunked (False: another wrapper, or ``chunk_mb`` 0)."""
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    if chunk_mb <= 0 or not isinstance(optimizer, FP16_UnfusedOptimizer) or optimizer.fused_lamb_legacy:
+        return False
+    optimizer.step = partial(_chunked_step, optimizer, int(chunk_mb * 2**20))
+    optimizer.chunked_steps = 0
+    return True
+
+
+def _chunked_step(opt, chunk_bytes: int, closure=None) -> bool:
+    """``FP16_UnfusedOptimizer.step`` of DeepSpeed 0.19.8 (its non-LAMB path), the conversion and
+    the update done chunk by chunk."""
+    from deepspeed.moe.utils import split_params_grads_into_shared_and_expert_params
+    from deepspeed.runtime.utils import get_global_norm, get_weight_norm, is_invalid_grad_norm
+
+    opt.overflow = opt.overflow_checker.check()
+    if opt.overflow:
+        return opt._skip_invalid_grad_norm()
+    norms = []
+    for group in opt.fp16_groups:
+        grads_for_norm, _ = split_params_grads_into_shared_and_expert_params(group)
+        norms.append(get_weight_norm(grads_for_norm, mpu=opt.mpu) if len(grads_for_norm) > 0 else 0.0)
+    opt._global_grad_norm = get_global_norm(norm_list=norms)
+    if is_invalid_grad_norm(opt._global_grad_norm):
+        return opt._skip_invalid_grad_norm()
+    opt._update_scale(False)
+    scale = opt.unscale_and_clip_grads(opt._global_grad_norm, apply_scale=False)
+    for fp32_group, fp16_group in zip(opt.fp32_groups, opt.fp16_groups):
+        pairs = list(zip(fp32_group, fp16_group))
+        start = 0
+        while start < len(pairs):
+            end, size = start, 0
+            while end < len(pairs) and (end == start or size + pairs[end][0].numel() * 4 <= chunk_bytes):
+                size += pairs[end][0].numel() * 4
+                end += 1
+            chunk = pairs[start:end]
+            for fp32, fp16 in chunk:
+                grad = fp16.grad
+                fp32.grad = torch.zeros_like(fp32) if grad is None else grad.to(fp32.dtype)
+                fp16.grad = None  # read: the bf16 gradient is not needed again this step
+                fp32.grad.mul_(1.0 / scale)
+            opt.optimizer.step()  # AdamW steps the parameters that have a gradient: this chunk's
+            for fp32, fp16 in chunk:
+                fp32.grad = None
+                fp16.data.copy_(fp32.data)
+            start = end
+    opt.chunked_steps += 1
+    return opt.overflow

@@ -152,6 +152,7 @@ def _check_learner(cfg: PrivyConfig) -> None:
     _require(lr.micro_batch_tokens >= 64, "learner.micro_batch_tokens must be >= 64")
     _require(lr.shared_tokens >= 0, "learner.shared_tokens must be >= 0 (0: one row per micro-batch)")
     _require(lr.head_chunk_tokens >= 0, "learner.head_chunk_tokens must be >= 0 (0: the whole micro-batch at once)")
+    _require(lr.optimizer_chunk_mb >= 0, "learner.optimizer_chunk_mb must be >= 0 (0: every gradient at once)")
     _require(lr.mini_batches >= 1, "learner.mini_batches must be >= 1")
     _require(
         lr.mini_batches <= t.groups_per_step,

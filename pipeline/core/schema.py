@@ -117,6 +117,9 @@ class LearnerConfig:
     # > 0: the LM head, its float32 log-softmax and entropy over at most this many response tokens
     # at a time, each chunk recomputed in backward (one chunk's [tokens, vocab] tensors at once)
     head_chunk_tokens: int = 0
+    # > 0: DeepSpeed's bf16 update (ZeRO-0) converts and steps the gradients this many MB of fp32
+    # at a time instead of all at once (actors/learner_setup.py chunk_the_bf16_step); the same update
+    optimizer_chunk_mb: float = 0.0
     # torch's fused AdamW: one pass over each element, 8x faster than the loop (false) at 135M
     # parameters, which allocates two fp32 copies of the master weights at every update
     fused_optimizer: bool = True

@@ -45,6 +45,7 @@ def test_default_config_composes_and_validates():
         ("trainer.privileged_val=sometimes", "trainer.privileged_val='sometimes': use every or ends"),
         ("env.prompt_format=chatml", "env.prompt_format='chatml': choose one of"),
         ("learner.head_chunk_tokens=-1", "learner.head_chunk_tokens must be >= 0"),
+        ("learner.optimizer_chunk_mb=-1", "learner.optimizer_chunk_mb must be >= 0"),
     ],
 )
 def test_bad_values_fail_at_launch_naming_the_key(override, words):
