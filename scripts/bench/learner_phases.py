@@ -59,18 +59,22 @@ class PhaseSampler(threading.Thread):
         super().__init__(daemon=True)
         self.period, self.phase, self.peaks = period, "idle", {}
 
+    def read(self, phase: str) -> None:
+        self.peaks[phase] = max(self.peaks.get(phase, 0.0), rss_gb())
+
     def run(self) -> None:
         while True:
-            r = rss_gb()
-            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), r)
+            self.read(self.phase)
             time.sleep(self.period)
 
     def wrap(self, fn, phase: str):
         def labelled(*args, **kwargs):
             before, self.phase = self.phase, phase
+            self.read(phase)  # a phase shorter than the period still has its readings
             try:
                 return fn(*args, **kwargs)
             finally:
+                self.read(phase)
                 self.phase = before
 
         return labelled
