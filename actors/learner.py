@@ -103,6 +103,12 @@ class LearnerWorker(WeightSource):
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config(self.cfg, self.precision.dtype)
         )
         self._chunked = chunk_the_bf16_step(self.engine.optimizer, self.cfg.optimizer_chunk_mb)
+        if self.cfg.optimizer_chunk_mb > 0 and not self._chunked and self.rank == 0:
+            print(
+                f"privy-rl: learner.optimizer_chunk_mb={self.cfg.optimizer_chunk_mb} has no effect here: it chunks "
+                f"DeepSpeed's bf16 update at ZeRO-0, and this learner runs {type(self.engine.optimizer).__name__}",
+                flush=True,
+            )
         if self.cfg.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
             self.ref_model.eval().requires_grad_(False).to(self.device)  # beside the policy
