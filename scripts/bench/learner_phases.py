@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+from actors.learner_memory import rss_peak_gb, status_gb
 from lab.bench import ROOT, Bench, add_out
 
 RECIPE = ["+experiment=search_qa_warm_start"]
@@ -40,16 +41,7 @@ PHASES = ("forward", "backward", "optimizer_step")
 
 
 def rss_gb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
-
-
-def hwm_gb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024 / 1e9
-    return 0.0
+    return status_gb("VmRSS") or 0.0  # Linux's /proc: this bench runs where the learner's memory is read
 
 
 class PhaseSampler(threading.Thread):
@@ -141,7 +133,7 @@ def child(overrides: list[str], tasks: int, group: int, steps: int) -> dict:
 
     worker = Labelled(cfg.learner, model, temperature=cfg.rollout.temperature, total_steps=steps)
     worker.setup()
-    out = {"sizes": sizes, "setup_peak_gb": hwm_gb(), "after_setup_gb": rss_gb(), "steps": []}
+    out = {"sizes": sizes, "setup_peak_gb": rss_peak_gb(), "after_setup_gb": rss_gb(), "steps": []}
     sampler.start()
     engine = worker.engine
     engine.backward = sampler.wrap(engine.backward, "backward")
@@ -153,7 +145,7 @@ def child(overrides: list[str], tasks: int, group: int, steps: int) -> dict:
         seconds = time.time() - t0
         time.sleep(0.05)  # the sampler's last reading of the step
         out["steps"].append({"seconds": seconds, **{p: sampler.peaks.get(p, 0.0) for p in PHASES}})
-    out["peak_gb"] = hwm_gb()
+    out["peak_gb"] = rss_peak_gb()
     out["tensors_gb"] = {
         k.removeprefix("learner/memory/").removesuffix("_gb"): v[0] if isinstance(v, tuple) else v
         for k, v in metrics.items()
